@@ -1,0 +1,39 @@
+"""Data sources and partitioners for stamen (no Flower imports).
+
+This package is named ``datasets`` and shadows HuggingFace ``datasets`` whenever
+the app directory is on ``sys.path``; never import the HuggingFace package here.
+"""
+
+from datasets.base import ArraySource, ClientSplit, DataUnavailableError, NotEnoughDataError
+from datasets.partition import PAPER_VARIANTS, PARTITIONERS, PartitionSpec, partition
+from datasets.registry import (
+    DATASETS,
+    EMNIST_SPLITS,
+    NEEDS_DATA_DIR,
+    ClientData,
+    DataSpec,
+    dataset_shape,
+    load_client_data,
+    load_partition,
+    load_source,
+)
+
+__all__ = [
+    "DATASETS",
+    "EMNIST_SPLITS",
+    "NEEDS_DATA_DIR",
+    "PAPER_VARIANTS",
+    "PARTITIONERS",
+    "ArraySource",
+    "ClientData",
+    "ClientSplit",
+    "DataSpec",
+    "DataUnavailableError",
+    "dataset_shape",
+    "NotEnoughDataError",
+    "PartitionSpec",
+    "load_client_data",
+    "load_partition",
+    "load_source",
+    "partition",
+]

@@ -1,0 +1,117 @@
+"""Name -> loader, with per-process caching of loaded arrays and partitions.
+
+A simulation worker serves many clients; each asks for the same source and
+partition, so both are computed once per process and reused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from datasets.base import ArraySource, ClientSplit
+from datasets.embedded import load_mnist_5k
+from datasets.leaf import FEMNIST_CLASSES, load_femnist
+from datasets.partition import PartitionSpec, partition
+from datasets.synthetic import DIMENSION as SYNTHETIC_DIMENSION
+from datasets.synthetic import NUM_CLASSES as SYNTHETIC_CLASSES
+from datasets.synthetic import make_synthetic
+from datasets.torchvision_sources import EMNIST_CLASSES, load_cifar10, load_mnist_family
+
+DATASETS = ("mnist-5k", "mnist", "fashion-mnist", "emnist", "cifar10", "femnist", "synthetic")
+NEEDS_DATA_DIR = ("mnist", "fashion-mnist", "emnist", "cifar10", "femnist")
+EMNIST_SPLITS = tuple(EMNIST_CLASSES)
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Which dataset to load and from where.
+
+    ``num_users`` matters only for ``synthetic`` (one generated device per client);
+    ``seed`` seeds the synthetic generator.
+    """
+
+    name: str
+    data_dir: str = ""
+    download: bool = False
+    emnist_split: str = "balanced"
+    synthetic_alpha: float = 1.0
+    synthetic_beta: float = 1.0
+    num_users: int = 0
+    seed: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class ClientData:
+    """One client's arrays, ready for a model."""
+
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    num_classes: int
+
+
+def dataset_shape(spec: DataSpec) -> tuple[tuple[int, ...], int]:
+    """Input shape of one example and number of classes, without loading any data.
+
+    The server needs them to build the initial model; clients check their data
+    against them.
+    """
+    if spec.name not in DATASETS:
+        raise ValueError(f"dataset {spec.name!r} is not one of {DATASETS}")
+    if spec.name == "synthetic":
+        return (SYNTHETIC_DIMENSION,), SYNTHETIC_CLASSES
+    if spec.name == "cifar10":
+        return (3, 32, 32), 10
+    if spec.name == "femnist":
+        return (1, 28, 28), FEMNIST_CLASSES
+    if spec.name == "emnist":
+        return (1, 28, 28), EMNIST_CLASSES[spec.emnist_split]
+    return (1, 28, 28), 10
+
+
+@lru_cache(maxsize=4)
+def load_source(spec: DataSpec) -> ArraySource:
+    """Load (once per process) the whole dataset named by ``spec``."""
+    if spec.name not in DATASETS:
+        raise ValueError(f"dataset {spec.name!r} is not one of {DATASETS}")
+    if spec.name == "mnist-5k":
+        return load_mnist_5k()
+    if spec.name == "synthetic":
+        return make_synthetic(
+            alpha=spec.synthetic_alpha, beta=spec.synthetic_beta, num_users=spec.num_users, seed=spec.seed
+        )
+    if not spec.data_dir:
+        raise ValueError(f"dataset {spec.name!r} needs data-dir (a folder holding its files)")
+    folder = Path(spec.data_dir).expanduser().resolve()
+    if spec.name == "femnist":
+        return load_femnist(folder)
+    if spec.name == "cifar10":
+        return load_cifar10(folder, download=spec.download)
+    return load_mnist_family(spec.name, folder, download=spec.download, emnist_split=spec.emnist_split)
+
+
+@lru_cache(maxsize=4)
+def load_partition(data: DataSpec, split: PartitionSpec) -> tuple[ClientSplit, ...]:
+    """Partition (once per process) the source for every client."""
+    return partition(load_source(data), split)
+
+
+def load_client_data(data: DataSpec, split: PartitionSpec, partition_id: int) -> ClientData:
+    """The arrays of client ``partition_id`` under the given data and partition specs."""
+    if not 0 <= partition_id < split.num_clients:
+        raise ValueError(f"partition-id {partition_id} is outside [0, {split.num_clients})")
+    source = load_source(data)
+    mine = load_partition(data, split)[partition_id]
+    test_x, test_y = (source.train_x, source.train_y) if mine.test_from_train else (source.test_x, source.test_y)
+    return ClientData(
+        train_x=source.train_x[mine.train],
+        train_y=source.train_y[mine.train],
+        test_x=test_x[mine.test],
+        test_y=test_y[mine.test],
+        num_classes=source.num_classes,
+    )
