@@ -1,0 +1,6 @@
+"""Flower strategies (server side) and the pure maths they rely on."""
+
+from strategies.fedavg import PersonalisedFedAvg
+from strategies.recorder import NullRecorder, Recorder
+
+__all__ = ["NullRecorder", "PersonalisedFedAvg", "Recorder"]

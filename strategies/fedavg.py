@@ -1,0 +1,267 @@
+"""FedAvg with validated replies, personalised-evaluation summaries and per-round records."""
+
+from __future__ import annotations
+
+import time
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar, parameters_to_ndarrays
+from flwr.common.logger import log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import FedAvg
+
+from strategies.recorder import NullRecorder, Recorder
+from strategies.summaries import summarise, weighted_mean
+from strategies.validation import evaluate_reply_problem, fit_reply_problem
+
+
+class PersonalisedFedAvg(FedAvg):
+    """Flower's FedAvg, made safe against bad clients and reporting personalised metrics.
+
+    Every training reply is checked (array count and shapes, finite values,
+    positive example count, sane metrics) before aggregation; a rejected reply is
+    logged and counted as a failure, and cannot change the global model. Every
+    ``eval_every`` rounds (and in the last round) all sampled clients run the
+    personalised evaluation; the server summarises it as an example-weighted mean
+    plus min / median / max over clients. One record per round goes to ``recorder``.
+
+    Parameters
+    ----------
+    num_rounds
+        Rounds in the run (the last one is always evaluated and closes the record).
+    fit_config, evaluate_config
+        Values broadcast to clients in every fit / evaluate config dict, besides
+        ``server-round``.
+    eval_every
+        Evaluate every this many rounds.
+    recorder
+        Receives the per-round records and the final summary.
+    name
+        The strategy's registry name, written into every record.
+    **fedavg_kwargs
+        Passed to Flower's ``FedAvg`` (fractions, minimum client counts,
+        ``initial_parameters``); ``accept_failures`` is always on.
+
+    """
+
+    def __init__(
+        self,
+        *,
+        num_rounds: int,
+        fit_config: dict[str, Scalar] | None = None,
+        evaluate_config: dict[str, Scalar] | None = None,
+        eval_every: int = 1,
+        recorder: Recorder | None = None,
+        name: str = "fedavg",
+        **fedavg_kwargs,
+    ) -> None:
+        if eval_every < 1:
+            raise ValueError(f"eval-every must be >= 1, got {eval_every}")
+        fedavg_kwargs["accept_failures"] = True
+        super().__init__(on_fit_config_fn=self.fit_config, on_evaluate_config_fn=self.evaluate_config, **fedavg_kwargs)
+        self.name = name
+        self.num_rounds = num_rounds
+        self.base_fit_config = dict(fit_config or {})
+        self.base_evaluate_config = dict(evaluate_config or {})
+        self.eval_every = eval_every
+        self.recorder = recorder if recorder is not None else NullRecorder()
+        self.expected_shapes: list[tuple[int, ...]] = []
+        self.round_record: dict = {}
+        self.history: list[dict] = []
+        self.started = time.perf_counter()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, rounds={self.num_rounds})"
+
+    # ------------------------------------------------------------------ configs
+
+    def hyperparameters(self) -> dict[str, Scalar]:
+        """The hyperparameters in force this round (written into the round's record)."""
+        return dict(self.base_fit_config)
+
+    def fit_config(self, server_round: int) -> dict[str, Scalar]:
+        """The config dict sent with every fit instruction of ``server_round``."""
+        return {**self.hyperparameters(), "server-round": server_round}
+
+    def evaluate_config(self, server_round: int) -> dict[str, Scalar]:
+        """The config dict sent with every evaluate instruction of ``server_round``."""
+        return {**self.base_evaluate_config, "server-round": server_round}
+
+    def is_evaluation_round(self, server_round: int) -> bool:
+        return server_round % self.eval_every == 0 or server_round == self.num_rounds
+
+    # ------------------------------------------------------------------ training
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        self.expected_shapes = [a.shape for a in parameters_to_ndarrays(parameters)]
+        self.round_record = {"round": server_round, "strategy": self.name, "_start": time.perf_counter()}
+        instructions = super().configure_fit(server_round, parameters, client_manager)
+        self.round_record["clients-sampled"] = len(instructions)
+        return instructions
+
+    def screen_fit_results(
+        self, server_round: int, results: list[tuple[ClientProxy, FitRes]]
+    ) -> tuple[list[tuple[ClientProxy, FitRes]], list[tuple[ClientProxy, FitRes]]]:
+        """Split replies into accepted and rejected ones, logging each rejection."""
+        accepted, rejected = [], []
+        for proxy, res in results:
+            try:
+                arrays = parameters_to_ndarrays(res.parameters)
+                problem = fit_reply_problem(arrays, res.num_examples, res.metrics, self.expected_shapes)
+            except Exception as err:  # undecodable payloads are malformed replies too
+                problem = f"unreadable reply ({err})"
+            if problem is None:
+                accepted.append((proxy, res))
+            else:
+                log(WARNING, "round %s: rejected fit reply from node %s: %s", server_round, proxy.cid, problem)
+                rejected.append((proxy, res))
+        return accepted, rejected
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        accepted, rejected = self.screen_fit_results(server_round, results)
+        for failure in failures:
+            log(WARNING, "round %s: fit failed: %s", server_round, _describe_failure(failure))
+        parameters, _ = super().aggregate_fit(server_round, accepted, [*failures, *rejected])
+        metrics = self.fit_metrics(accepted)
+        self.round_record.update(
+            {"clients-succeeded": len(accepted), "clients-failed": len(failures) + len(rejected),
+             "clients-rejected": len(rejected), **metrics}
+        )  # fmt: skip
+        if parameters is None:
+            log(WARNING, "round %s: no usable fit reply; the global model is unchanged", server_round)
+        return parameters, metrics
+
+    def fit_metrics(self, accepted: list[tuple[ClientProxy, FitRes]]) -> dict[str, Scalar]:
+        """Example-weighted training loss and the work the clients did this round."""
+        weights = [res.num_examples for _, res in accepted]
+        return {
+            "train-loss": weighted_mean([float(res.metrics.get("train-loss", np.nan)) for _, res in accepted], weights),
+            "examples": int(sum(weights)),
+            "grad-evals": int(sum(int(res.metrics.get("grad-evals", 0)) for _, res in accepted)),
+            "sample-grads": int(sum(int(res.metrics.get("sample-grads", 0)) for _, res in accepted)),
+        }
+
+    # ---------------------------------------------------------------- evaluation
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        if not self.is_evaluation_round(server_round):
+            self.close_round(server_round)
+            return []
+        instructions = super().configure_evaluate(server_round, parameters, client_manager)
+        if not instructions:
+            self.close_round(server_round)
+        return instructions
+
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        accepted = []
+        for proxy, res in results:
+            problem = evaluate_reply_problem(res.loss, res.num_examples, res.metrics)
+            if problem is None:
+                accepted.append(res)
+            else:
+                log(WARNING, "round %s: rejected evaluate reply from node %s: %s", server_round, proxy.cid, problem)
+        for failure in failures:
+            log(WARNING, "round %s: evaluate failed: %s", server_round, _describe_failure(failure))
+        metrics = evaluation_summary(accepted)
+        metrics["eval-clients-failed"] = len(results) - len(accepted) + len(failures)
+        self.round_record.update(metrics)
+        self.close_round(server_round)
+        loss = metrics["loss"] if accepted else None
+        return loss, metrics
+
+    # ------------------------------------------------------------------- records
+
+    def close_round(self, server_round: int) -> None:
+        """Write the round's record, log a progress line, and finish after the last round."""
+        record = dict(self.round_record) or {"round": server_round, "strategy": self.name}
+        start = record.pop("_start", time.perf_counter())
+        record["round-seconds"] = time.perf_counter() - start
+        record["elapsed-seconds"] = time.perf_counter() - self.started
+        record.update({f"hp-{k}": v for k, v in self.hyperparameters().items()})
+        self.history.append(record)
+        self.recorder.record_round(record)
+        log(INFO, progress_line(record, self.num_rounds))
+        if server_round == self.num_rounds:
+            summary = run_summary(self.history, self.name)
+            self.recorder.finish(summary)
+            log(INFO, "final: %s", summary_line(summary))
+
+
+def evaluation_summary(accepted: list[EvaluateRes]) -> dict[str, Scalar]:
+    """Personalised and global accuracy (weighted mean and spread) over accepted replies."""
+    weights = [res.num_examples for res in accepted]
+    out: dict[str, Scalar] = {"eval-clients": len(accepted), "loss": weighted_mean([r.loss for r in accepted], weights)}
+    out.update(summarise("accuracy", [float(r.metrics["accuracy"]) for r in accepted], weights))
+    glob = [float(r.metrics.get("global-accuracy", np.nan)) for r in accepted]
+    out.update(summarise("global-accuracy", glob, weights))
+    return out
+
+
+def progress_line(record: dict, num_rounds: int) -> str:
+    """One human-readable line per round."""
+    parts = [
+        f"[round {record['round']}/{num_rounds}]",
+        f"fit {record.get('clients-succeeded', 0)}/{record.get('clients-sampled', 0)} ok",
+        f"train-loss {record.get('train-loss', float('nan')):.4f}",
+    ]
+    if "accuracy" in record:
+        parts.append(
+            f"personalised acc {record['accuracy']:.4f} (min {record['accuracy-min']:.3f}, "
+            f"max {record['accuracy-max']:.3f}) global acc {record['global-accuracy']:.4f}"
+        )
+    parts.append(f"{record['round-seconds']:.2f} s")
+    return " | ".join(parts)
+
+
+def run_summary(history: list[dict], name: str) -> dict:
+    """Final and best metrics of a run, from its round records."""
+    evaluated = [r for r in history if "accuracy" in r and np.isfinite(r["accuracy"])]
+    best = max(evaluated, key=lambda r: r["accuracy"], default=None)
+    return {
+        "strategy": name,
+        "rounds": len(history),
+        "total-seconds": history[-1]["elapsed-seconds"] if history else 0.0,
+        "final": evaluated[-1] if evaluated else (history[-1] if history else {}),
+        "best-accuracy": best["accuracy"] if best else None,
+        "best-round": best["round"] if best else None,
+        "clients-failed": int(sum(r.get("clients-failed", 0) for r in history)),
+        "grad-evals": int(sum(r.get("grad-evals", 0) for r in history)),
+    }
+
+
+def summary_line(summary: dict) -> str:
+    """One human-readable line for the end of a run."""
+    final = summary["final"]
+
+    def fmt(value: object) -> str:
+        return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    return (
+        f"{summary['strategy']}: {summary['rounds']} rounds in {summary['total-seconds']:.1f} s; final personalised "
+        f"accuracy {fmt(final.get('accuracy'))} (client mean {fmt(final.get('accuracy-client-mean'))}), global "
+        f"accuracy {fmt(final.get('global-accuracy'))}; best personalised {fmt(summary['best-accuracy'])} "
+        f"(round {summary['best-round']}); failed or rejected replies {summary['clients-failed']}"
+    )
+
+
+def _describe_failure(failure: object) -> str:
+    if isinstance(failure, BaseException):
+        return f"{type(failure).__name__}: {failure}"
+    proxy, res = failure  # a reply that arrived with an error status
+    return f"node {proxy.cid}: {getattr(res, 'status', res)}"

@@ -1,0 +1,29 @@
+"""The small interface through which strategies report results (implemented in ``app``)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Recorder(Protocol):
+    """Receives one record per round and a summary at the end of the run."""
+
+    def record_round(self, record: dict) -> None:
+        """Store one round's record (a flat dict of JSON scalars)."""
+
+    def finish(self, summary: dict) -> None:
+        """Store the end-of-run summary."""
+
+
+class NullRecorder:
+    """A recorder that keeps records in memory only (tests, notebooks)."""
+
+    def __init__(self) -> None:
+        self.rounds: list[dict] = []
+        self.summary: dict | None = None
+
+    def record_round(self, record: dict) -> None:
+        self.rounds.append(record)
+
+    def finish(self, summary: dict) -> None:
+        self.summary = summary

@@ -1,0 +1,157 @@
+import numpy as np
+import pytest
+from flwr.common import Code, EvaluateRes, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+
+from strategies import NullRecorder, PersonalisedFedAvg
+from strategies.summaries import summarise, weighted_mean
+from strategies.validation import evaluate_reply_problem, fit_reply_problem
+
+SHAPES = [(2, 3), (3,)]
+OK = Status(code=Code.OK, message="")
+
+
+class FakeProxy(ClientProxy):
+    def get_properties(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def get_parameters(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def fit(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def evaluate(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def reconnect(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+
+def arrays(value):
+    return [np.full(s, value, dtype=np.float32) for s in SHAPES]
+
+
+def fit_res(params, n, **metrics):
+    return FitRes(OK, ndarrays_to_parameters(params), n, {"train-loss": 0.5, "grad-evals": 4, **metrics})
+
+
+def make_strategy(num_rounds=3, eval_every=2, clients=4):
+    recorder = NullRecorder()
+    strategy = PersonalisedFedAvg(
+        num_rounds=num_rounds,
+        eval_every=eval_every,
+        recorder=recorder,
+        fit_config={"lr": 0.1},
+        fraction_fit=1.0,
+        fraction_evaluate=1.0,
+        min_fit_clients=1,
+        min_evaluate_clients=1,
+        min_available_clients=1,
+        initial_parameters=ndarrays_to_parameters(arrays(0.0)),
+    )
+    manager = SimpleClientManager()
+    proxies = [FakeProxy(str(i)) for i in range(clients)]
+    for proxy in proxies:
+        manager.register(proxy)
+    return strategy, manager, proxies, recorder
+
+
+def test_bad_replies_are_rejected_and_the_rest_averaged_exactly():
+    strategy, manager, proxies, recorder = make_strategy()
+    instructions = strategy.configure_fit(1, strategy.initial_parameters, manager)
+    assert len(instructions) == 4 and instructions[0][1].config["lr"] == 0.1
+    assert instructions[0][1].config["server-round"] == 1
+    with_nan = arrays(1.0)
+    with_nan[1][0] = np.nan
+    wrong_shape = [np.ones((3, 2), np.float32), np.ones(3, np.float32)]
+    results = [
+        (proxies[0], fit_res(arrays(1.0), 10)),
+        (proxies[1], fit_res(arrays(3.0), 30)),
+        (proxies[2], fit_res(with_nan, 1000)),
+        (proxies[3], fit_res(wrong_shape, 1000)),
+    ]
+    parameters, metrics = strategy.aggregate_fit(1, results, [])
+    for got in parameters_to_ndarrays(parameters):
+        np.testing.assert_allclose(got, 2.5, rtol=0, atol=1e-6)  # (10*1 + 30*3) / 40
+    assert metrics["examples"] == 40 and metrics["grad-evals"] == 8
+    assert strategy.round_record["clients-failed"] == 2 and strategy.round_record["clients-rejected"] == 2
+
+
+def test_round_of_only_bad_replies_leaves_the_model_alone():
+    strategy, manager, proxies, _ = make_strategy()
+    strategy.configure_fit(1, strategy.initial_parameters, manager)
+    bad = [(proxies[0], fit_res(arrays(np.inf), 5)), (proxies[1], fit_res(arrays(1.0), 0))]
+    parameters, _ = strategy.aggregate_fit(1, bad, [RuntimeError("client crashed")])
+    assert parameters is None  # Flower keeps the previous global model when None is returned
+    assert strategy.round_record["clients-failed"] == 3
+
+
+@pytest.mark.parametrize(
+    "metrics",
+    [{"train-loss": float("nan")}, {"train-loss": -1.0}, {"train-loss": 1e9}, {"grad-evals": -3}],
+)
+def test_absurd_fit_metrics_are_rejected(metrics):
+    assert fit_reply_problem(arrays(1.0), 10, metrics, SHAPES) is not None
+
+
+def test_fit_reply_checks():
+    assert fit_reply_problem(arrays(1.0), 10, {}, SHAPES) is None
+    assert fit_reply_problem(arrays(1.0)[:1], 10, {}, SHAPES) == "1 arrays, expected 2"
+    assert "non-positive" in fit_reply_problem(arrays(1.0), -1, {}, SHAPES)
+
+
+def test_evaluate_reply_checks():
+    assert evaluate_reply_problem(0.3, 5, {"accuracy": 0.9}) is None
+    assert "outside [0, 1]" in evaluate_reply_problem(0.3, 5, {"accuracy": 1.2})
+    assert "not a finite" in evaluate_reply_problem(float("nan"), 5, {"accuracy": 0.5})
+    assert "no 'accuracy'" in evaluate_reply_problem(0.3, 5, {})
+
+
+def test_personalised_metrics_are_weighted_with_spread_and_bad_ones_dropped():
+    strategy, manager, proxies, _ = make_strategy()
+    strategy.configure_fit(2, strategy.initial_parameters, manager)
+    replies = [
+        (proxies[0], EvaluateRes(OK, 0.2, 10, {"accuracy": 0.9, "global-accuracy": 0.5})),
+        (proxies[1], EvaluateRes(OK, 0.4, 30, {"accuracy": 0.5, "global-accuracy": 0.3})),
+        (proxies[2], EvaluateRes(OK, 0.1, 30, {"accuracy": 7.0, "global-accuracy": 0.3})),
+    ]
+    loss, metrics = strategy.aggregate_evaluate(2, replies, [])
+    assert loss == pytest.approx((0.2 * 10 + 0.4 * 30) / 40)
+    assert metrics["accuracy"] == pytest.approx((0.9 * 10 + 0.5 * 30) / 40)
+    assert metrics["accuracy-client-mean"] == pytest.approx(0.7)
+    assert (metrics["accuracy-min"], metrics["accuracy-median"], metrics["accuracy-max"]) == (0.5, 0.7, 0.9)
+    assert metrics["global-accuracy"] == pytest.approx((0.5 * 10 + 0.3 * 30) / 40)
+    assert metrics["eval-clients"] == 2 and metrics["eval-clients-failed"] == 1
+
+
+def test_every_round_is_recorded_evaluation_follows_eval_every_and_the_run_is_summarised():
+    strategy, manager, proxies, recorder = make_strategy(num_rounds=3, eval_every=2)
+    params = strategy.initial_parameters
+    for rnd in (1, 2, 3):
+        strategy.configure_fit(rnd, params, manager)
+        strategy.aggregate_fit(rnd, [(p, fit_res(arrays(1.0), 10)) for p in proxies], [])
+        instructions = strategy.configure_evaluate(rnd, params, manager)
+        assert bool(instructions) == (rnd in (2, 3)), rnd
+        if instructions:
+            assert instructions[0][1].config["server-round"] == rnd
+            replies = [(p, EvaluateRes(OK, 0.1, 5, {"accuracy": 0.8, "global-accuracy": 0.6})) for p in proxies]
+            strategy.aggregate_evaluate(rnd, replies, [])
+    assert [r["round"] for r in recorder.rounds] == [1, 2, 3]
+    assert "accuracy" not in recorder.rounds[0] and recorder.rounds[2]["accuracy"] == pytest.approx(0.8)
+    assert recorder.rounds[0]["hp-lr"] == 0.1
+    assert recorder.summary["best-accuracy"] == pytest.approx(0.8) and recorder.summary["rounds"] == 3
+
+
+def test_summaries():
+    assert weighted_mean([1.0, 3.0], [1, 3]) == 2.5
+    assert np.isnan(weighted_mean([], []))
+    out = summarise("acc", [0.2, 0.4, 1.0], [1, 1, 2])
+    assert out == {
+        "acc": 0.65,
+        "acc-client-mean": pytest.approx(1.6 / 3),
+        "acc-min": 0.2,
+        "acc-median": 0.4,
+        "acc-max": 1.0,
+    }
