@@ -1,0 +1,231 @@
+"""Parse ``context.run_config`` once into a frozen, typed, validated ``Settings``.
+
+Every key of ``[tool.flwr.app.config]`` maps to one field (kebab-case key ->
+snake_case field). Validation happens here, before any data is loaded or any
+model is built, and every error names the key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from clients import MODELS, ClientSettings
+from clients.models import IMAGE_MODELS
+from datasets import DATASETS, EMNIST_SPLITS, NEEDS_DATA_DIR, PAPER_VARIANTS, PARTITIONERS, DataSpec, PartitionSpec
+
+DEVICES = ("auto", "cpu", "cuda")
+NATURAL_DATASETS = ("femnist", "synthetic")
+
+
+class ConfigError(ValueError):
+    """A run-config value that cannot be used; the message names the key."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Every run-config key, typed. Defaults mirror ``pyproject.toml``."""
+
+    # the run
+    strategy: str = "fedavg"
+    num_server_rounds: int = 100
+    fraction_fit: float = 0.2
+    fraction_evaluate: float = 1.0
+    min_fit_clients: int = 2
+    min_available_clients: int = 2
+    eval_every: int = 10
+    seed: int = 0
+    # data
+    dataset: str = "mnist-5k"
+    data_dir: str = ""
+    download: bool = False
+    emnist_split: str = "balanced"
+    partitioner: str = "perfedavg-paper"
+    images_per_class: int = 8
+    paper_variant: str = "standard"
+    dirichlet_concentration: float = 0.5
+    classes_per_client: int = 2
+    test_fraction: float = 0.2
+    synthetic_alpha: float = 1.0
+    synthetic_beta: float = 1.0
+    # model and local training
+    model: str = "mlp"
+    lr: float = 0.05
+    local_steps: int = 10
+    local_epochs: float = 0.0
+    batch_size: int = 40
+    # personalised evaluation
+    adapt_steps: int = 1
+    adapt_lr: float = 0.05
+    adapt_batch_size: int = 40
+    # execution and outputs
+    device: str = "auto"
+    num_threads: int = 1
+    results_dir: str = "results"
+    run_name: str = ""
+
+    # ------------------------------------------------------------ derived specs
+
+    def data_spec(self, num_partitions: int = 0) -> DataSpec:
+        """What the datasets package needs to load the source."""
+        return DataSpec(
+            name=self.dataset,
+            data_dir=self.data_dir,
+            download=self.download,
+            emnist_split=self.emnist_split,
+            synthetic_alpha=self.synthetic_alpha,
+            synthetic_beta=self.synthetic_beta,
+            num_users=num_partitions if self.dataset == "synthetic" else 0,
+            seed=self.seed,
+        )
+
+    def partition_spec(self, num_partitions: int) -> PartitionSpec:
+        """How the source is split for ``num_partitions`` clients."""
+        return PartitionSpec(
+            name=self.partitioner,
+            num_clients=num_partitions,
+            seed=self.seed,
+            images_per_class=self.images_per_class,
+            paper_variant=self.paper_variant,
+            concentration=self.dirichlet_concentration,
+            classes_per_client=self.classes_per_client,
+            test_fraction=self.test_fraction,
+        )
+
+    def client_settings(self) -> ClientSettings:
+        """The client-side hyperparameters."""
+        names = {f.name for f in dataclasses.fields(ClientSettings)}
+        return ClientSettings(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
+
+    def as_run_config(self) -> dict:
+        """The settings as kebab-case keys (for summaries and records)."""
+        return {key_of(k): v for k, v in dataclasses.asdict(self).items()}
+
+
+def key_of(field_name: str) -> str:
+    """The run-config key of a settings field (``local_steps`` -> ``local-steps``)."""
+    return field_name.replace("_", "-")
+
+
+FIELDS = {key_of(f.name): f for f in dataclasses.fields(Settings)}
+_TYPES = {"int": int, "float": float, "bool": bool, "str": str}  # field.type is a string here
+
+# key -> allowed values; the strategy list is filled in by app.registry (the
+# registry imports this module, not the other way round).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "dataset": DATASETS,
+    "emnist-split": EMNIST_SPLITS,
+    "partitioner": PARTITIONERS,
+    "paper-variant": PAPER_VARIANTS,
+    "model": MODELS,
+    "device": DEVICES,
+}
+
+# key -> (lowest, highest, lowest allowed?, highest allowed?)
+INF = float("inf")
+RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "num-server-rounds": (1, INF, True, False),
+    "fraction-fit": (0, 1, False, True),
+    "fraction-evaluate": (0, 1, False, True),
+    "min-fit-clients": (1, INF, True, False),
+    "min-available-clients": (1, INF, True, False),
+    "eval-every": (1, INF, True, False),
+    "seed": (0, 2**63 - 1, True, True),
+    "images-per-class": (2, INF, True, False),
+    "dirichlet-concentration": (0, INF, False, False),
+    "classes-per-client": (1, INF, True, False),
+    "test-fraction": (0, 1, False, False),
+    "synthetic-alpha": (0, INF, True, False),
+    "synthetic-beta": (0, INF, True, False),
+    "lr": (0, INF, False, False),
+    "local-steps": (1, INF, True, False),
+    "local-epochs": (0, INF, True, False),
+    "batch-size": (1, INF, True, False),
+    "adapt-steps": (0, INF, True, False),
+    "adapt-lr": (0, INF, True, False),
+    "adapt-batch-size": (0, INF, True, False),
+    "num-threads": (0, INF, True, False),
+}
+
+
+def _typed(key: str, value: object, kind: type) -> object:
+    """Coerce TOML values to the field's type, refusing lossy or odd conversions."""
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif isinstance(value, str):
+        return value
+    raise ConfigError(f"run config key {key!r}: {value!r} is not a {kind.__name__}")
+
+
+def _range_text(lo: float, hi: float, lo_in: bool, hi_in: bool) -> str:
+    return f"{'[' if lo_in else '('}{lo:g}, {hi:g}{']' if hi_in else ')'}"
+
+
+def _check_value(key: str, value: object) -> None:
+    if key in CHOICES and value not in CHOICES[key]:
+        raise ConfigError(f"run config key {key!r}: {value!r} is not allowed; choose one of {list(CHOICES[key])}")
+    if key in RANGES:
+        lo, hi, lo_in, hi_in = RANGES[key]
+        ok = (value > lo or (lo_in and value == lo)) and (value < hi or (hi_in and value == hi))
+        if not ok:
+            raise ConfigError(f"run config key {key!r}: {value!r} is outside {_range_text(lo, hi, lo_in, hi_in)}")
+
+
+def _check_combination(s: Settings) -> None:
+    if s.dataset in NEEDS_DATA_DIR and not s.data_dir:
+        raise ConfigError(f"run config key 'data-dir' must be set for dataset {s.dataset!r} (a folder with its files)")
+    if s.partitioner == "natural" and s.dataset not in NATURAL_DATASETS:
+        raise ConfigError(
+            f"run config key 'partitioner': 'natural' needs a dataset with users, one of {list(NATURAL_DATASETS)}; "
+            f"dataset is {s.dataset!r}"
+        )
+    if s.partitioner == "perfedavg-paper" and s.images_per_class % 2:
+        raise ConfigError(f"run config key 'images-per-class': {s.images_per_class} must be even (users take a/2)")
+    if s.model in IMAGE_MODELS and s.dataset == "synthetic":
+        raise ConfigError(f"run config key 'model': {s.model!r} needs images; dataset 'synthetic' has feature vectors")
+
+
+def parse_settings(run_config: Mapping[str, object], strategies: tuple[str, ...] = ("fedavg",)) -> Settings:
+    """Validate ``run_config`` and return the typed settings.
+
+    Parameters
+    ----------
+    run_config
+        ``context.run_config`` (kebab-case keys); missing keys take their defaults.
+    strategies
+        The strategy names the registry knows.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown key, a value of the wrong type, a value out of range or not
+        among the allowed choices, or an inconsistent combination.
+
+    """
+    unknown = sorted(set(run_config) - set(FIELDS))
+    if unknown:
+        raise ConfigError(f"unknown run config key(s) {unknown}; known keys: {sorted(FIELDS)}")
+    values = {}
+    for key, field in FIELDS.items():
+        if key not in run_config:
+            continue
+        value = _typed(key, run_config[key], _TYPES[field.type])
+        _check_value(key, value)
+        values[field.name] = value
+    settings = Settings(**values)
+    if settings.strategy not in strategies:
+        raise ConfigError(
+            f"run config key 'strategy': {settings.strategy!r} is not allowed; choose one of {list(strategies)}"
+        )
+    _check_combination(settings)
+    return settings

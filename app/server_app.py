@@ -1,0 +1,60 @@
+"""ServerApp: parse the run config, build the initial model and the chosen strategy."""
+
+from __future__ import annotations
+
+from logging import INFO
+
+from flwr.common import Context, ndarrays_to_parameters
+from flwr.common.logger import log
+from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+
+from app.config import Settings, parse_settings
+from app.registry import METHODS, STRATEGY_NAMES
+from app.results import ResultWriter, run_directory
+from clients import build_model
+from clients.models import parameter_count
+from datasets import dataset_shape
+
+
+def strategy_arguments(settings: Settings) -> dict:
+    """Keyword arguments every strategy takes, derived from the settings."""
+    input_shape, num_classes = dataset_shape(settings.data_spec())
+    model = build_model(settings.model, input_shape=input_shape, num_classes=num_classes, seed=settings.seed)
+    log(INFO, "stamen: %s on %s, model %s (%d parameters)", settings.strategy, settings.dataset,
+        settings.model, parameter_count(model))  # fmt: skip
+    arrays = [value.detach().cpu().numpy() for value in model.state_dict().values()]
+    return {
+        "name": settings.strategy,
+        "num_rounds": settings.num_server_rounds,
+        "eval_every": settings.eval_every,
+        "fit_config": {
+            "lr": settings.lr,
+            "local-steps": settings.local_steps,
+            "local-epochs": settings.local_epochs,
+            "batch-size": settings.batch_size,
+        },
+        "evaluate_config": {
+            "adapt-steps": settings.adapt_steps,
+            "adapt-lr": settings.adapt_lr,
+            "adapt-batch-size": settings.adapt_batch_size,
+        },
+        "fraction_fit": settings.fraction_fit,
+        "fraction_evaluate": settings.fraction_evaluate,
+        "min_fit_clients": settings.min_fit_clients,
+        "min_evaluate_clients": settings.min_fit_clients,
+        "min_available_clients": settings.min_available_clients,
+        "initial_parameters": ndarrays_to_parameters(arrays),
+    }
+
+
+def server_fn(context: Context) -> ServerAppComponents:
+    """Build the strategy named by ``strategy`` with a result writer as its recorder."""
+    settings = parse_settings(context.run_config, STRATEGY_NAMES)
+    kwargs = strategy_arguments(settings)
+    run_dir = run_directory(settings.results_dir, settings.run_name, f"{settings.strategy}-{settings.dataset}")
+    kwargs["recorder"] = ResultWriter(run_dir=run_dir, settings=settings.as_run_config())
+    strategy = METHODS[settings.strategy].strategy_class(**kwargs)
+    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=settings.num_server_rounds))
+
+
+app = ServerApp(server_fn=server_fn)

@@ -1,0 +1,51 @@
+"""One real simulation through Flower's engine (`flwr run`), checked by the run's status.
+
+`flwr run --stream` exits 0 even when the run fails, so the launcher submits with
+`--format json`, polls `flwr ls --run-id` for the status, and the results files are
+read back. The private SuperLink is stopped at the end, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from conftest import REPO
+
+from app.launcher import LocalSimulation
+
+ROUNDS, CLIENTS = 2, 4
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    results = tmp_path_factory.mktemp("results")
+    config = {"num-server-rounds": ROUNDS, "eval-every": 1, "fraction-fit": 0.5, "results-dir": str(results),
+              "run-name": "sim-test"}  # fmt: skip
+    with LocalSimulation(app_dir=REPO) as sim:
+        outcome = sim.run(run_config=config, num_supernodes=CLIENTS, timeout_s=300)
+        marker = str(sim.home)
+    yield outcome, results / "sim-test", marker
+
+
+def test_run_completes_and_leaves_no_process(finished_run):
+    outcome, _, marker = finished_run
+    assert outcome.ok, f"status {outcome.status}\n{outcome.log_tail}"
+    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout == b""
+
+
+def test_results_files_hold_every_round(finished_run):
+    _, run_dir, _ = finished_run
+    rounds = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 1))
+    for record in rounds:
+        assert record["clients-sampled"] == CLIENTS // 2 and record["clients-succeeded"] == CLIENTS // 2
+        assert record["clients-failed"] == 0 and record["grad-evals"] == (CLIENTS // 2) * 10
+        assert record["eval-clients"] == CLIENTS
+        assert 0.0 <= record["accuracy-min"] <= record["accuracy"] <= record["accuracy-max"] <= 1.0
+        assert record["train-loss"] > 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds"] == ROUNDS and summary["settings"]["dataset"] == "mnist-5k"
+    assert summary["final"]["round"] == ROUNDS
+    assert (run_dir / "accuracy.png").stat().st_size > 1000
