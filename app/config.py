@@ -17,6 +17,7 @@ from datasets import DATASETS, EMNIST_SPLITS, NEEDS_DATA_DIR, PAPER_VARIANTS, PA
 
 DEVICES = ("auto", "cpu", "cuda")
 NATURAL_DATASETS = ("femnist", "synthetic")
+_CLIENT_DEFAULTS = ClientSettings()  # one source for the client-side defaults
 
 
 class ConfigError(ValueError):
@@ -35,7 +36,7 @@ class Settings:
     min_fit_clients: int = 2
     min_available_clients: int = 2
     eval_every: int = 10
-    seed: int = 0
+    seed: int = _CLIENT_DEFAULTS.seed
     # data
     dataset: str = "mnist-5k"
     data_dir: str = ""
@@ -51,17 +52,17 @@ class Settings:
     synthetic_beta: float = 1.0
     # model and local training
     model: str = "mlp"
-    lr: float = 0.05
-    local_steps: int = 10
-    local_epochs: float = 0.0
-    batch_size: int = 40
+    lr: float = _CLIENT_DEFAULTS.lr
+    local_steps: int = _CLIENT_DEFAULTS.local_steps
+    local_epochs: float = _CLIENT_DEFAULTS.local_epochs
+    batch_size: int = _CLIENT_DEFAULTS.batch_size
     # personalised evaluation
-    adapt_steps: int = 1
-    adapt_lr: float = 0.05
-    adapt_batch_size: int = 40
+    adapt_steps: int = _CLIENT_DEFAULTS.adapt_steps
+    adapt_lr: float = _CLIENT_DEFAULTS.adapt_lr
+    adapt_batch_size: int = _CLIENT_DEFAULTS.adapt_batch_size
     # execution and outputs
-    device: str = "auto"
-    num_threads: int = 1
+    device: str = _CLIENT_DEFAULTS.device
+    num_threads: int = _CLIENT_DEFAULTS.num_threads
     results_dir: str = "results"
     run_name: str = ""
 
