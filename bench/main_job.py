@@ -1,0 +1,71 @@
+"""Measure the README's main job: `flwr run .` with the default config on 50 supernodes.
+
+Runs the job through Flower's simulation engine (a private local SuperLink, the
+app's defaults untouched) ``--repeats`` times and records, for each repeat, the
+wall time from submission to the finished status and the final personalised
+accuracy from the run's ``summary.json``. Writes ``bench/results/main_job.json``
+with the medians. Client sampling is not seeded by Flower, so repeats differ a little.
+
+    python bench/main_job.py --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from app.launcher import LocalSimulation  # noqa: E402
+
+NUM_SUPERNODES = 50
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "main_job.json")
+    args = parser.parse_args()
+    runs = []
+    with tempfile.TemporaryDirectory() as results:
+        for repeat in range(args.repeats):
+            with LocalSimulation(app_dir=REPO) as sim:
+                name = f"main-{repeat}"
+                outcome = sim.run(run_config={"results-dir": results, "run-name": name}, num_supernodes=NUM_SUPERNODES)
+            if not outcome.ok:
+                raise SystemExit(f"run {repeat} ended {outcome.status}:\n{outcome.log_tail}")
+            summary = json.loads((Path(results) / name / "summary.json").read_text())
+            final = summary["final"]
+            runs.append(
+                {
+                    "wall-seconds": outcome.wall_seconds,
+                    "server-seconds": summary["total-seconds"],
+                    "accuracy": final["accuracy"],
+                    "accuracy-client-mean": final["accuracy-client-mean"],
+                    "global-accuracy": final["global-accuracy"],
+                    "accuracy-min": final["accuracy-min"],
+                }
+            )
+            print(f"repeat {repeat}: {runs[-1]}", flush=True)
+    medians = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    report = {
+        "what": "flwr run . (default config) with num-supernodes=50, submission to finished status",
+        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}",
+        "date": time.strftime("%Y-%m-%d"),
+        "repeats": runs,
+        "median": medians,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["median"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
