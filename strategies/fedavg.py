@@ -6,7 +6,16 @@ import time
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar, parameters_to_ndarrays
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetPropertiesIns,
+    Parameters,
+    Scalar,
+    parameters_to_ndarrays,
+)
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -15,6 +24,8 @@ from flwr.server.strategy import FedAvg
 from strategies.recorder import NullRecorder, Recorder
 from strategies.summaries import summarise, weighted_mean
 from strategies.validation import evaluate_reply_problem, fit_reply_problem
+
+PREFLIGHT_WAIT_S = 600  # how long the preflight waits for a first client to connect
 
 
 class PersonalisedFedAvg(FedAvg):
@@ -40,6 +51,9 @@ class PersonalisedFedAvg(FedAvg):
         Receives the per-round records and the final summary.
     name
         The strategy's registry name, written into every record.
+    preflight
+        Ask one client for its properties before the first round and stop the run
+        with that client's error if it cannot start.
     **fedavg_kwargs
         Passed to Flower's ``FedAvg`` (fractions, minimum client counts,
         ``initial_parameters``); ``accept_failures`` is always on.
@@ -55,6 +69,7 @@ class PersonalisedFedAvg(FedAvg):
         eval_every: int = 1,
         recorder: Recorder | None = None,
         name: str = "fedavg",
+        preflight: bool = True,
         **fedavg_kwargs,
     ) -> None:
         if eval_every < 1:
@@ -62,6 +77,7 @@ class PersonalisedFedAvg(FedAvg):
         fedavg_kwargs["accept_failures"] = True
         super().__init__(on_fit_config_fn=self.fit_config, on_evaluate_config_fn=self.evaluate_config, **fedavg_kwargs)
         self.name = name
+        self.preflight = preflight
         self.num_rounds = num_rounds
         self.base_fit_config = dict(fit_config or {})
         self.base_evaluate_config = dict(evaluate_config or {})
@@ -74,6 +90,26 @@ class PersonalisedFedAvg(FedAvg):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, rounds={self.num_rounds})"
+
+    # -------------------------------------------------------------- start of run
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        """Check that one client can start (data, config) before any training round.
+
+        Every client of a run shares the run config, so a client that cannot load its
+        partition (too many clients for the data, a missing ``data-dir`` on the
+        nodes) means the run cannot work: fail now with the client's reason instead
+        of recording every round as failed.
+        """
+        if self.preflight:
+            client_manager.wait_for(1, timeout=PREFLIGHT_WAIT_S)
+            proxy = client_manager.sample(1)[0]
+            try:
+                properties = proxy.get_properties(GetPropertiesIns(config={}), timeout=None, group_id=0)
+            except Exception as err:
+                raise RuntimeError(f"stamen preflight: client {proxy.cid} could not start: {err}") from err
+            log(INFO, "preflight: client %s started fine %s", proxy.cid, dict(properties.properties))
+        return super().initialize_parameters(client_manager)
 
     # ------------------------------------------------------------------ configs
 
@@ -171,7 +207,10 @@ class PersonalisedFedAvg(FedAvg):
     ) -> tuple[float | None, dict[str, Scalar]]:
         accepted = []
         for proxy, res in results:
-            problem = evaluate_reply_problem(res.loss, res.num_examples, res.metrics)
+            try:
+                problem = evaluate_reply_problem(res.loss, res.num_examples, res.metrics)
+            except Exception as err:  # e.g. a metric that is not a number
+                problem = f"unreadable reply ({err})"
             if problem is None:
                 accepted.append(res)
             else:

@@ -25,18 +25,21 @@ def finished_run(tmp_path_factory):
               "run-name": "sim-test"}  # fmt: skip
     with LocalSimulation(app_dir=REPO) as sim:
         outcome = sim.run(run_config=config, num_supernodes=CLIENTS, timeout_s=300)
+        # a partition the embedded data cannot hold (250 training images per class)
+        too_big = {**config, "images-per-class": 400, "run-name": "too-big"}
+        refused = sim.run(run_config=too_big, num_supernodes=CLIENTS, timeout_s=300)
         marker = str(sim.home)
-    yield outcome, results / "sim-test", marker
+    yield outcome, results / "sim-test", marker, refused
 
 
 def test_run_completes_and_leaves_no_process(finished_run):
-    outcome, _, marker = finished_run
+    outcome, _, marker, _ = finished_run
     assert outcome.ok, f"status {outcome.status}\n{outcome.log_tail}"
     assert subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout == b""
 
 
 def test_results_files_hold_every_round(finished_run):
-    _, run_dir, _ = finished_run
+    _, run_dir, _, _ = finished_run
     rounds = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 1))
     for record in rounds:
@@ -49,3 +52,11 @@ def test_results_files_hold_every_round(finished_run):
     assert summary["rounds"] == ROUNDS and summary["settings"]["dataset"] == "mnist-5k"
     assert summary["final"]["round"] == ROUNDS
     assert (run_dir / "accuracy.png").stat().st_size > 1000
+
+
+def test_a_client_that_cannot_load_its_data_stops_the_run_before_training(finished_run):
+    refused = finished_run[3]
+    assert refused.status == "finished:failed"
+    assert "stamen preflight" in refused.log
+    assert "the training pool holds 250 images of class 0 but the split needs 1000" in refused.log
+    assert "[round 1/" not in refused.log

@@ -1,6 +1,14 @@
 import numpy as np
 import pytest
-from flwr.common import Code, EvaluateRes, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import (
+    Code,
+    EvaluateRes,
+    FitRes,
+    GetPropertiesRes,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
@@ -50,6 +58,7 @@ def make_strategy(num_rounds=3, eval_every=2, clients=4):
         min_evaluate_clients=1,
         min_available_clients=1,
         initial_parameters=ndarrays_to_parameters(arrays(0.0)),
+        preflight=False,
     )
     manager = SimpleClientManager()
     proxies = [FakeProxy(str(i)) for i in range(clients)]
@@ -155,3 +164,27 @@ def test_summaries():
         "acc-median": 0.4,
         "acc-max": 1.0,
     }
+
+
+class StartingProxy(FakeProxy):
+    def __init__(self, cid, error=None):
+        super().__init__(cid)
+        self.error = error
+
+    def get_properties(self, ins, timeout, group_id):
+        if self.error:
+            raise ValueError(self.error)
+        return GetPropertiesRes(OK, {"partition-id": 0})
+
+
+def test_preflight_stops_the_run_with_the_clients_reason():
+    strategy, _, _, _ = make_strategy()
+    strategy.preflight = True
+    manager = SimpleClientManager()
+    manager.register(StartingProxy("9", error="asked for 60 clients but the data holds 50 users"))
+    with pytest.raises(RuntimeError, match="client 9 could not start: .*holds 50 users"):
+        strategy.initialize_parameters(manager)
+    healthy = SimpleClientManager()
+    healthy.register(StartingProxy("1"))
+    initial = strategy.initial_parameters
+    assert initial is not None and strategy.initialize_parameters(healthy) is initial
