@@ -24,6 +24,7 @@ from datasets import ClientData
 # Metric keys, defined once; strategies read the same strings.
 TRAIN_LOSS = "train-loss"
 GRAD_EVALS = "grad-evals"
+HVP_EVALS = "hvp-evals"
 SAMPLE_GRADS = "sample-grads"
 LOCAL_STEPS = "local-steps"
 ACCURACY = "accuracy"
@@ -73,7 +74,12 @@ class TorchClient(NumPyClient):
     # ----------------------------------------------------------------- parameters
 
     def get_properties(self, config: dict) -> dict:
+        """Partition and sizes; with a fit config, also check it suits this client's data."""
+        self.check_settings(self.settings.updated(config))
         return {PARTITION_ID: self.partition_id, "num-train": len(self.train_y), "num-test": len(self.test_y)}
+
+    def check_settings(self, settings: ClientSettings) -> None:
+        """Raise ``ValueError`` if ``settings`` cannot work on this client's data (base: all can)."""
 
     def get_parameters(self, config: dict) -> list[np.ndarray]:
         # copies: the caller must not see later in-place training through shared memory
@@ -99,12 +105,14 @@ class TorchClient(NumPyClient):
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         self.set_parameters(parameters)
         settings = self.settings.updated(config)
+        self.check_settings(settings)
         rng = round_generator(settings.seed, self.partition_id, int(config.get("server-round", 0)), "fit")
         report = self.local_train(settings, rng)
         metrics = {
             TRAIN_LOSS: report.mean_loss,
             LOCAL_STEPS: report.steps,
             GRAD_EVALS: report.grad_evals,
+            HVP_EVALS: report.hvp_evals,
             SAMPLE_GRADS: report.sample_grads,
             PARTITION_ID: self.partition_id,
         }
@@ -122,7 +130,7 @@ class TorchClient(NumPyClient):
             (self.train_x, self.train_y),
             (self.test_x, self.test_y),
             adapt_steps=settings.adapt_steps,
-            adapt_lr=settings.adapt_lr,
+            adapt_lr=settings.adaptation_lr(),
             adapt_batch_size=settings.adapt_batch_size,
             rng=rng,
         )

@@ -17,6 +17,12 @@ CONFIG_FIELDS = {
     "adapt-steps": "adapt_steps",
     "adapt-lr": "adapt_lr",
     "adapt-batch-size": "adapt_batch_size",
+    "alpha": "alpha",
+    "beta": "beta",
+    "delta": "delta",
+    "variant": "variant",
+    "outer-batch-size": "outer_batch_size",
+    "hessian-batch-size": "hessian_batch_size",
 }
 
 
@@ -35,8 +41,14 @@ class ClientSettings:
     batch_size
         Mini-batch size (capped at the client's example count).
     adapt_steps, adapt_lr, adapt_batch_size
-        Personalised evaluation: SGD steps of size ``adapt_lr`` on batches of the
-        client's own training data (``adapt_batch_size`` 0 = the whole set).
+        Personalised evaluation: SGD steps of size ``adapt_lr`` (0: ``alpha``) on
+        batches of the client's own training data (``adapt_batch_size`` 0 = the
+        whole set).
+    alpha, beta, delta, variant
+        Per-FedAvg: inner step, outer step, central-difference step (``hf``) and
+        meta-gradient estimator (``fo``, ``hf``, ``so``).
+    outer_batch_size, hessian_batch_size
+        Per-FedAvg: sizes of ``D'`` and ``D''`` (``batch_size`` is ``D``).
     seed
         Base of every per-client, per-round generator.
     device
@@ -49,10 +61,16 @@ class ClientSettings:
     lr: float = 0.05
     local_steps: int = 10
     local_epochs: float = 0.0
-    batch_size: int = 40
+    batch_size: int = 10
     adapt_steps: int = 1
-    adapt_lr: float = 0.05
-    adapt_batch_size: int = 40
+    adapt_lr: float = 0.0
+    adapt_batch_size: int = 10
+    alpha: float = 0.05
+    beta: float = 0.05
+    delta: float = 1e-3
+    variant: str = "hf"
+    outer_batch_size: int = 10
+    hessian_batch_size: int = 10
     seed: int = 0
     device: str = "auto"
     num_threads: int = 1
@@ -65,6 +83,10 @@ class ClientSettings:
                 kind = type(getattr(self, field))
                 changes[field] = kind(config[key])
         return dataclasses.replace(self, **changes)
+
+    def adaptation_lr(self) -> float:
+        """The personalisation step: ``adapt_lr``, or ``alpha`` when ``adapt_lr`` is 0."""
+        return self.adapt_lr if self.adapt_lr > 0 else self.alpha
 
     def torch_device(self) -> torch.device:
         """The device to train on: CUDA when asked for or (``auto``) when present."""

@@ -50,6 +50,7 @@ class TrainReport:
     steps: int
     grad_evals: int
     sample_grads: int
+    hvp_evals: int = 0
 
 
 def sgd_steps(

@@ -1,0 +1,145 @@
+"""Per-FedAvg's meta-gradients as pure torch functions (no Flower, no module state).
+
+A *loss function* here maps a tuple of parameter tensors and a batch to a scalar
+loss, so the same code serves the MLP (through ``torch.func.functional_call``)
+and the closed-form checks on a quadratic. Parameters are never modified in
+place: every function returns new tensors, and nothing writes ``.data``.
+
+For client loss ``f`` and parameters ``w`` (ALGORITHMS.md, section 1):
+
+    w_tilde = w - alpha * grad(w, D)           # inner (adaptation) step
+    g       = grad(w_tilde, D')                # outer gradient
+    fo:  g
+    hf:  g - alpha * (grad(w + delta g, D'') - grad(w - delta g, D'')) / (2 delta)
+    so:  g - alpha * hvp(w, g, D'')            # exact, by double backward
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+from torch.nn import functional as F
+
+VARIANTS = ("fo", "hf", "so")
+Params = tuple[Tensor, ...]
+Batch = tuple[Tensor, Tensor]
+LossFn = Callable[[Params, Batch], Tensor]
+
+
+def model_loss(model: nn.Module) -> LossFn:
+    """Cross-entropy of ``model`` evaluated at the given parameters (in ``named_parameters`` order)."""
+    names = [name for name, _ in model.named_parameters()]
+
+    def loss(params: Params, batch: Batch) -> Tensor:
+        x, y = batch
+        return F.cross_entropy(functional_call(model, dict(zip(names, params, strict=True)), (x,)), y)
+
+    return loss
+
+
+def gradient(loss_fn: LossFn, params: Params, batch: Batch) -> tuple[Params, Tensor]:
+    """``grad(params, batch)`` and the loss there; the inputs are not changed."""
+    leaves = tuple(p.detach().requires_grad_(True) for p in params)
+    loss = loss_fn(leaves, batch)
+    return torch.autograd.grad(loss, leaves), loss.detach()
+
+
+def hessian_vector_product(loss_fn: LossFn, params: Params, vector: Params, batch: Batch) -> Params:
+    """Exact ``Hessian(params, batch) @ vector`` by double backward; no Hessian is formed."""
+    leaves = tuple(p.detach().requires_grad_(True) for p in params)
+    grads = torch.autograd.grad(loss_fn(leaves, batch), leaves, create_graph=True)
+    return torch.autograd.grad(grads, leaves, grad_outputs=tuple(v.detach() for v in vector))
+
+
+def finite_difference_hvp(loss_fn: LossFn, params: Params, vector: Params, batch: Batch, delta: float) -> Params:
+    """Central-difference estimate ``(grad(w + delta v) - grad(w - delta v)) / (2 delta)``."""
+    plus, _ = gradient(loss_fn, axpy(params, vector, delta), batch)
+    minus, _ = gradient(loss_fn, axpy(params, vector, -delta), batch)
+    return tuple((a - b) / (2.0 * delta) for a, b in zip(plus, minus, strict=True))
+
+
+def axpy(params: Params, direction: Sequence[Tensor], scale: float) -> Params:
+    """``params + scale * direction``, as new tensors."""
+    return tuple(p + scale * d for p, d in zip(params, direction, strict=True))
+
+
+@dataclass(frozen=True)
+class MetaGradient:
+    """An estimate of ``(I - alpha * Hessian) grad f(w - alpha grad f(w))`` and its cost."""
+
+    direction: Params
+    outer_loss: float
+    grad_evals: int
+    hvp_evals: int
+
+
+def meta_gradient(
+    loss_fn: LossFn,
+    params: Params,
+    batches: tuple[Batch, Batch, Batch],
+    *,
+    alpha: float,
+    variant: str,
+    delta: float = 1e-3,
+) -> MetaGradient:
+    """Per-FedAvg's meta-gradient with the estimator ``variant`` on batches ``(D, D', D'')``.
+
+    Parameters
+    ----------
+    loss_fn
+        Loss at given parameters on a batch.
+    params
+        The current local model ``w``.
+    batches
+        ``D`` for the inner step, ``D'`` for the outer gradient, ``D''`` for the
+        Hessian term (unused by ``fo``).
+    alpha
+        The inner (adaptation) step size.
+    variant
+        ``fo`` (first order), ``hf`` (Hessian-free central difference) or ``so``
+        (exact Hessian-vector product).
+    delta
+        The central difference's step (``hf`` only).
+
+    Returns
+    -------
+    MetaGradient
+        The direction, the outer loss ``f(w_tilde, D')``, and the gradient and
+        Hessian-vector-product evaluations spent (fo 2 + 0, hf 4 + 0, so 2 + 1).
+
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r} is not one of {VARIANTS}")
+    inner_batch, outer_batch, hessian_batch = batches
+    inner, _ = gradient(loss_fn, params, inner_batch)
+    outer, outer_loss = gradient(loss_fn, axpy(params, inner, -alpha), outer_batch)
+    if variant == "fo":
+        return MetaGradient(outer, float(outer_loss), 2, 0)
+    if variant == "hf":
+        curvature = finite_difference_hvp(loss_fn, params, outer, hessian_batch, delta)
+        grad_evals, hvp_evals = 4, 0
+    else:
+        curvature = hessian_vector_product(loss_fn, params, outer, hessian_batch)
+        grad_evals, hvp_evals = 2, 1
+    return MetaGradient(axpy(outer, curvature, -alpha), float(outer_loss), grad_evals, hvp_evals)
+
+
+def check_meta_settings(
+    *, alpha: float, beta: float, delta: float, variant: str, batch_sizes: dict[str, int], num_examples: int
+) -> None:
+    """Refuse hyperparameters Per-FedAvg cannot use, naming the key and what is allowed."""
+    if not alpha >= 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    if not beta > 0:
+        raise ValueError(f"beta must be > 0, got {beta}")
+    if not delta > 0:
+        raise ValueError(f"delta must be > 0, got {delta}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r} is not one of {list(VARIANTS)}")
+    for key, size in batch_sizes.items():
+        if not 1 <= size <= num_examples:
+            raise ValueError(f"{key} {size} must be in [1, {num_examples}] (this client's training examples)")
