@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from logging import INFO, WARNING
 
 import numpy as np
@@ -25,7 +27,9 @@ from strategies.recorder import NullRecorder, Recorder
 from strategies.summaries import summarise, weighted_mean
 from strategies.validation import evaluate_reply_problem, fit_reply_problem
 
-PREFLIGHT_WAIT_S = 600  # how long the preflight waits for a first client to connect
+PREFLIGHT_WAIT_S = 600  # how long the preflight waits for the clients to connect
+PREFLIGHT_WORKERS = 8
+AGGREGATIONS = ("examples", "uniform")
 
 
 class PersonalisedFedAvg(FedAvg):
@@ -51,8 +55,11 @@ class PersonalisedFedAvg(FedAvg):
         Receives the per-round records and the final summary.
     name
         The strategy's registry name, written into every record.
+    aggregation
+        ``examples`` weighs each returned model by its example count (FedAvg);
+        ``uniform`` averages them equally (the Per-FedAvg paper's Algorithm 1).
     preflight
-        Ask one client for its properties before the first round and stop the run
+        Ask every connected client for its properties before the first round and stop the run
         with that client's error if it cannot start.
     **fedavg_kwargs
         Passed to Flower's ``FedAvg`` (fractions, minimum client counts,
@@ -69,14 +76,18 @@ class PersonalisedFedAvg(FedAvg):
         eval_every: int = 1,
         recorder: Recorder | None = None,
         name: str = "fedavg",
+        aggregation: str = "examples",
         preflight: bool = True,
         **fedavg_kwargs,
     ) -> None:
         if eval_every < 1:
             raise ValueError(f"eval-every must be >= 1, got {eval_every}")
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation {aggregation!r} is not one of {list(AGGREGATIONS)}")
         fedavg_kwargs["accept_failures"] = True
         super().__init__(on_fit_config_fn=self.fit_config, on_evaluate_config_fn=self.evaluate_config, **fedavg_kwargs)
         self.name = name
+        self.aggregation = aggregation
         self.preflight = preflight
         self.num_rounds = num_rounds
         self.base_fit_config = dict(fit_config or {})
@@ -94,21 +105,29 @@ class PersonalisedFedAvg(FedAvg):
     # -------------------------------------------------------------- start of run
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        """Check that one client can start (data, config) before any training round.
+        """Check, before any training round, that every connected client can start.
 
-        Every client of a run shares the run config, so a client that cannot load its
-        partition (too many clients for the data, a missing ``data-dir`` on the
-        nodes) means the run cannot work: fail now with the client's reason instead
-        of recording every round as failed.
+        Each client is asked for its properties with the first round's fit config;
+        it loads its partition and checks the config suits its data (Per-FedAvg's
+        batch sizes, say). All clients share the run config, so a client that
+        cannot start (too many clients for the data, a missing ``data-dir``, a
+        batch larger than its data) means the run cannot work as asked: it stops
+        now with the clients' reasons instead of recording every round as failed.
         """
         if self.preflight:
-            client_manager.wait_for(1, timeout=PREFLIGHT_WAIT_S)
-            proxy = client_manager.sample(1)[0]
-            try:
-                properties = proxy.get_properties(GetPropertiesIns(config={}), timeout=None, group_id=0)
-            except Exception as err:
-                raise RuntimeError(f"stamen preflight: client {proxy.cid} could not start: {err}") from err
-            log(INFO, "preflight: client %s started fine %s", proxy.cid, dict(properties.properties))
+            client_manager.wait_for(self.min_available_clients, timeout=PREFLIGHT_WAIT_S)
+            proxies = list(client_manager.all().values())
+            ins = GetPropertiesIns(config=self.fit_config(0))
+            with ThreadPoolExecutor(max_workers=PREFLIGHT_WORKERS) as pool:
+                outcomes = list(pool.map(lambda proxy: _ask_properties(proxy, ins), proxies))
+            problems = [f"client {proxy.cid}: {outcome}" for proxy, outcome in zip(proxies, outcomes, strict=True)
+                        if isinstance(outcome, BaseException)]  # fmt: skip
+            if problems:
+                shown = "\n".join(problems[:3]) + (f"\n(and {len(problems) - 3} more)" if len(problems) > 3 else "")
+                raise RuntimeError(
+                    f"stamen preflight: {len(problems)} of {len(proxies)} clients cannot start:\n{shown}"
+                )
+            log(INFO, "preflight: all %d connected clients accept the config", len(proxies))
         return super().initialize_parameters(client_manager)
 
     # ------------------------------------------------------------------ configs
@@ -166,7 +185,10 @@ class PersonalisedFedAvg(FedAvg):
         accepted, rejected = self.screen_fit_results(server_round, results)
         for failure in failures:
             log(WARNING, "round %s: fit failed: %s", server_round, _describe_failure(failure))
-        parameters, _ = super().aggregate_fit(server_round, accepted, [*failures, *rejected])
+        weighted = (
+            accepted if self.aggregation == "examples" else [(p, replace(r, num_examples=1)) for p, r in accepted]
+        )
+        parameters, _ = super().aggregate_fit(server_round, weighted, [*failures, *rejected])
         metrics = self.fit_metrics(accepted)
         self.round_record.update(
             {"clients-succeeded": len(accepted), "clients-failed": len(failures) + len(rejected),
@@ -183,6 +205,7 @@ class PersonalisedFedAvg(FedAvg):
             "train-loss": weighted_mean([float(res.metrics.get("train-loss", np.nan)) for _, res in accepted], weights),
             "examples": int(sum(weights)),
             "grad-evals": int(sum(int(res.metrics.get("grad-evals", 0)) for _, res in accepted)),
+            "hvp-evals": int(sum(int(res.metrics.get("hvp-evals", 0)) for _, res in accepted)),
             "sample-grads": int(sum(int(res.metrics.get("sample-grads", 0)) for _, res in accepted)),
         }
 
@@ -297,6 +320,13 @@ def summary_line(summary: dict) -> str:
         f"accuracy {fmt(final.get('global-accuracy'))}; best personalised {fmt(summary['best-accuracy'])} "
         f"(round {summary['best-round']}); failed or rejected replies {summary['clients-failed']}"
     )
+
+
+def _ask_properties(proxy: ClientProxy, ins: GetPropertiesIns) -> object:
+    try:
+        return proxy.get_properties(ins, timeout=None, group_id=0)
+    except Exception as err:  # the client's reason travels back in the message
+        return err
 
 
 def _describe_failure(failure: object) -> str:

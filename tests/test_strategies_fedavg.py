@@ -12,7 +12,7 @@ from flwr.common import (
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from strategies import NullRecorder, PersonalisedFedAvg
+from strategies import NullRecorder, PerFedAvg, PersonalisedFedAvg
 from strategies.summaries import summarise, weighted_mean
 from strategies.validation import evaluate_reply_problem, fit_reply_problem
 
@@ -177,14 +177,56 @@ class StartingProxy(FakeProxy):
         return GetPropertiesRes(OK, {"partition-id": 0})
 
 
-def test_preflight_stops_the_run_with_the_clients_reason():
+def test_preflight_asks_every_client_and_stops_the_run_with_their_reasons():
     strategy, _, _, _ = make_strategy()
     strategy.preflight = True
     manager = SimpleClientManager()
-    manager.register(StartingProxy("9", error="asked for 60 clients but the data holds 50 users"))
-    with pytest.raises(RuntimeError, match="client 9 could not start: .*holds 50 users"):
+    manager.register(StartingProxy("8"))
+    manager.register(StartingProxy("9", error="outer-batch-size 40 must be in [1, 12]"))
+    with pytest.raises(RuntimeError, match=r"1 of 2 clients cannot start:\nclient 9: outer-batch-size 40"):
         strategy.initialize_parameters(manager)
     healthy = SimpleClientManager()
     healthy.register(StartingProxy("1"))
     initial = strategy.initial_parameters
     assert initial is not None and strategy.initialize_parameters(healthy) is initial
+
+
+def test_uniform_aggregation_ignores_example_counts():
+    strategy, manager, proxies, _ = make_strategy()
+    strategy.aggregation = "uniform"
+    strategy.configure_fit(1, strategy.initial_parameters, manager)
+    results = [(proxies[0], fit_res(arrays(1.0), 10)), (proxies[1], fit_res(arrays(3.0), 30))]
+    parameters, metrics = strategy.aggregate_fit(1, results, [])
+    for got in parameters_to_ndarrays(parameters):
+        np.testing.assert_allclose(got, 2.0, atol=1e-6)  # (1 + 3) / 2, not (10 + 90) / 40
+    assert metrics["examples"] == 40
+
+
+def test_perfedavg_broadcasts_its_hyperparameters_and_adapts_with_alpha():
+    strategy = PerFedAvg(
+        alpha=0.03, beta=0.07, delta=1e-4, variant="so", local_steps=4, batch_size=5, outer_batch_size=6,
+        hessian_batch_size=7, num_rounds=2, fraction_fit=1.0, min_fit_clients=1, min_available_clients=1,
+        initial_parameters=ndarrays_to_parameters(arrays(0.0)), preflight=False,
+    )  # fmt: skip
+    assert strategy.aggregation == "uniform" and strategy.name == "perfedavg"
+    config = strategy.fit_config(3)
+    assert config == {"alpha": 0.03, "beta": 0.07, "delta": 1e-4, "variant": "so", "local-steps": 4, "batch-size": 5,
+                      "outer-batch-size": 6, "hessian-batch-size": 7, "server-round": 3}  # fmt: skip
+    assert strategy.evaluate_config(3) == {"adapt-steps": 1, "adapt-lr": 0.03, "server-round": 3}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"alpha": -1.0}, "alpha must be >= 0"),
+        ({"beta": 0.0}, "beta must be > 0"),
+        ({"delta": -1e-3}, "delta must be > 0"),
+        ({"variant": "exact"}, "variant 'exact' is not one of"),
+        ({"hessian_batch_size": 0}, "hessian-batch-size must be >= 1"),
+        ({"local_steps": 0}, "local-steps must be >= 1"),
+        ({"aggregation": "median"}, "aggregation 'median' is not one of"),
+    ],
+)
+def test_perfedavg_refuses_bad_hyperparameters(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PerFedAvg(**{"alpha": 0.1, "beta": 0.1, "num_rounds": 1, **kwargs})
