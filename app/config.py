@@ -12,8 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from clients import MODELS, ClientSettings
+from clients.meta import VARIANTS
 from clients.models import IMAGE_MODELS
 from datasets import DATASETS, EMNIST_SPLITS, NEEDS_DATA_DIR, PAPER_VARIANTS, PARTITIONERS, DataSpec, PartitionSpec
+from strategies.fedavg import AGGREGATIONS
 
 DEVICES = ("auto", "cpu", "cuda")
 NATURAL_DATASETS = ("femnist", "synthetic")
@@ -29,13 +31,14 @@ class Settings:
     """Every run-config key, typed. Defaults mirror ``pyproject.toml``."""
 
     # the run
-    strategy: str = "fedavg"
+    strategy: str = "perfedavg"
     num_server_rounds: int = 100
     fraction_fit: float = 0.2
     fraction_evaluate: float = 1.0
     min_fit_clients: int = 2
     min_available_clients: int = 2
     eval_every: int = 10
+    aggregation: str = "uniform"
     seed: int = _CLIENT_DEFAULTS.seed
     # data
     dataset: str = "mnist-5k"
@@ -60,6 +63,13 @@ class Settings:
     adapt_steps: int = _CLIENT_DEFAULTS.adapt_steps
     adapt_lr: float = _CLIENT_DEFAULTS.adapt_lr
     adapt_batch_size: int = _CLIENT_DEFAULTS.adapt_batch_size
+    # Per-FedAvg
+    alpha: float = _CLIENT_DEFAULTS.alpha
+    beta: float = _CLIENT_DEFAULTS.beta
+    delta: float = _CLIENT_DEFAULTS.delta
+    variant: str = _CLIENT_DEFAULTS.variant
+    outer_batch_size: int = _CLIENT_DEFAULTS.outer_batch_size
+    hessian_batch_size: int = _CLIENT_DEFAULTS.hessian_batch_size
     # execution and outputs
     device: str = _CLIENT_DEFAULTS.device
     num_threads: int = _CLIENT_DEFAULTS.num_threads
@@ -121,6 +131,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "paper-variant": PAPER_VARIANTS,
     "model": MODELS,
     "device": DEVICES,
+    "variant": VARIANTS,
+    "aggregation": AGGREGATIONS,
 }
 
 # key -> (lowest, highest, lowest allowed?, highest allowed?)
@@ -147,6 +159,11 @@ RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "adapt-lr": (0, INF, True, False),
     "adapt-batch-size": (0, INF, True, False),
     "num-threads": (0, INF, True, False),
+    "alpha": (0, INF, True, False),
+    "beta": (0, INF, False, False),
+    "delta": (0, INF, False, False),
+    "outer-batch-size": (1, INF, True, False),
+    "hessian-batch-size": (1, INF, True, False),
 }
 
 

@@ -1,22 +1,57 @@
-"""Strategy name -> (strategy class, client class): the one place methods are wired up."""
+"""Strategy name -> (strategy class, client class, its settings): where methods are wired up."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from app.config import Settings
 from clients import TorchClient
-from strategies import PersonalisedFedAvg
+from clients.perfedavg import PerFedAvgClient
+from strategies import PerFedAvg, PersonalisedFedAvg
+
+
+def fedavg_arguments(settings: Settings) -> dict:
+    """FedAvg broadcasts its local SGD settings in every fit config."""
+    return {
+        "fit_config": {
+            "lr": settings.lr,
+            "local-steps": settings.local_steps,
+            "local-epochs": settings.local_epochs,
+            "batch-size": settings.batch_size,
+        }
+    }
+
+
+def perfedavg_arguments(settings: Settings) -> dict:
+    """Per-FedAvg's meta-learning hyperparameters (the strategy validates them too)."""
+    return {
+        "alpha": settings.alpha,
+        "beta": settings.beta,
+        "delta": settings.delta,
+        "variant": settings.variant,
+        "local_steps": settings.local_steps,
+        "batch_size": settings.batch_size,
+        "outer_batch_size": settings.outer_batch_size,
+        "hessian_batch_size": settings.hessian_batch_size,
+    }
 
 
 @dataclass(frozen=True)
 class Method:
-    """A federated method: the server's strategy class and the clients' class."""
+    """A federated method: its strategy class, its client class, and its own strategy arguments.
+
+    ``strategy_arguments`` derives the method-specific keyword arguments from the
+    settings; the server adds those every strategy takes.
+    """
 
     strategy_class: type
     client_class: type
+    strategy_arguments: Callable[[Settings], dict]
 
 
 METHODS: dict[str, Method] = {
-    "fedavg": Method(strategy_class=PersonalisedFedAvg, client_class=TorchClient),
+    "fedavg": Method(PersonalisedFedAvg, TorchClient, fedavg_arguments),
+    "perfedavg": Method(PerFedAvg, PerFedAvgClient, perfedavg_arguments),
 }
 STRATEGY_NAMES = tuple(METHODS)

@@ -17,7 +17,7 @@ from datasets import dataset_shape
 
 
 def strategy_arguments(settings: Settings) -> dict:
-    """Keyword arguments every strategy takes, derived from the settings."""
+    """Keyword arguments every strategy takes (the registry adds the method's own)."""
     input_shape, num_classes = dataset_shape(settings.data_spec())
     model = build_model(settings.model, input_shape=input_shape, num_classes=num_classes, seed=settings.seed)
     log(INFO, "stamen: %s on %s, model %s (%d parameters)", settings.strategy, settings.dataset,
@@ -27,15 +27,10 @@ def strategy_arguments(settings: Settings) -> dict:
         "name": settings.strategy,
         "num_rounds": settings.num_server_rounds,
         "eval_every": settings.eval_every,
-        "fit_config": {
-            "lr": settings.lr,
-            "local-steps": settings.local_steps,
-            "local-epochs": settings.local_epochs,
-            "batch-size": settings.batch_size,
-        },
+        "aggregation": settings.aggregation,
         "evaluate_config": {
             "adapt-steps": settings.adapt_steps,
-            "adapt-lr": settings.adapt_lr,
+            "adapt-lr": settings.client_settings().adaptation_lr(),
             "adapt-batch-size": settings.adapt_batch_size,
         },
         "fraction_fit": settings.fraction_fit,
@@ -50,10 +45,11 @@ def strategy_arguments(settings: Settings) -> dict:
 def server_fn(context: Context) -> ServerAppComponents:
     """Build the strategy named by ``strategy`` with a result writer as its recorder."""
     settings = parse_settings(context.run_config, STRATEGY_NAMES)
-    kwargs = strategy_arguments(settings)
+    method = METHODS[settings.strategy]
+    kwargs = {**strategy_arguments(settings), **method.strategy_arguments(settings)}
     run_dir = run_directory(settings.results_dir, settings.run_name, f"{settings.strategy}-{settings.dataset}")
     kwargs["recorder"] = ResultWriter(run_dir=run_dir, settings=settings.as_run_config())
-    strategy = METHODS[settings.strategy].strategy_class(**kwargs)
+    strategy = method.strategy_class(**kwargs)
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=settings.num_server_rounds))
 
 

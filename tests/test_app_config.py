@@ -33,7 +33,9 @@ def test_pyproject_defaults_parse():
 @pytest.mark.parametrize(
     ("key", "value", "allowed"),
     [
-        ("strategy", "fedprox", "fedavg"),
+        ("strategy", "fedprox", "perfedavg"),
+        ("variant", "sgd", "hf"),
+        ("aggregation", "median", "uniform"),
         ("dataset", "imagenet", "mnist-5k"),
         ("partitioner", "random", "dirichlet"),
         ("model", "resnet", "mlp"),
@@ -73,6 +75,11 @@ def test_unknown_names_list_the_allowed_values(key, value, allowed):
         ("synthetic-alpha", -1.0),
         ("num-threads", -1),
         ("seed", -1),
+        ("alpha", -0.1),
+        ("beta", 0.0),
+        ("delta", 0.0),
+        ("outer-batch-size", 0),
+        ("hessian-batch-size", 0),
     ],
 )
 def test_out_of_range_values_name_the_key_and_range(key, value):

@@ -24,27 +24,31 @@ def finished_run(tmp_path_factory):
     config = {"num-server-rounds": ROUNDS, "eval-every": 1, "fraction-fit": 0.5, "results-dir": str(results),
               "run-name": "sim-test"}  # fmt: skip
     with LocalSimulation(app_dir=REPO) as sim:
-        outcome = sim.run(run_config=config, num_supernodes=CLIENTS, timeout_s=300)
+        outcome = sim.run(run_config=config, num_supernodes=CLIENTS, timeout_s=300)  # the default: perfedavg hf
+        baseline = sim.run(run_config={**config, "strategy": "fedavg", "run-name": "fedavg"}, num_supernodes=CLIENTS,
+                           timeout_s=300)  # fmt: skip
         # a partition the embedded data cannot hold (250 training images per class)
         too_big = {**config, "images-per-class": 400, "run-name": "too-big"}
         refused = sim.run(run_config=too_big, num_supernodes=CLIENTS, timeout_s=300)
         marker = str(sim.home)
-    yield outcome, results / "sim-test", marker, refused
+    yield outcome, results / "sim-test", marker, refused, (baseline, results / "fedavg")
 
 
 def test_run_completes_and_leaves_no_process(finished_run):
-    outcome, _, marker, _ = finished_run
+    outcome, _, marker, _, _ = finished_run
     assert outcome.ok, f"status {outcome.status}\n{outcome.log_tail}"
     assert subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout == b""
 
 
 def test_results_files_hold_every_round(finished_run):
-    _, run_dir, _, _ = finished_run
+    _, run_dir, _, _, _ = finished_run
     rounds = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 1))
     for record in rounds:
         assert record["clients-sampled"] == CLIENTS // 2 and record["clients-succeeded"] == CLIENTS // 2
-        assert record["clients-failed"] == 0 and record["grad-evals"] == (CLIENTS // 2) * 10
+        # perfedavg hf: 10 meta-steps of 4 gradient evaluations on each of the 2 sampled clients
+        assert record["clients-failed"] == 0 and record["grad-evals"] == (CLIENTS // 2) * 10 * 4
+        assert record["hp-variant"] == "hf" and record["strategy"] == "perfedavg"
         assert record["eval-clients"] == CLIENTS
         assert 0.0 <= record["accuracy-min"] <= record["accuracy"] <= record["accuracy-max"] <= 1.0
         assert record["train-loss"] > 0
@@ -60,3 +64,13 @@ def test_a_client_that_cannot_load_its_data_stops_the_run_before_training(finish
     assert "stamen preflight" in refused.log
     assert "the training pool holds 250 images of class 0 but the split needs 1000" in refused.log
     assert "[round 1/" not in refused.log
+
+
+def test_fedavg_baseline_runs_and_reports_the_same_metrics(finished_run):
+    (baseline, run_dir), perfedavg_dir = finished_run[4], finished_run[1]
+    assert baseline.ok, baseline.log_tail
+    fedavg = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    perfedavg = [json.loads(line) for line in (perfedavg_dir / "metrics.jsonl").read_text().splitlines()]
+    metric_keys = {k for k in perfedavg[-1] if not k.startswith("hp-")}
+    assert metric_keys == {k for k in fedavg[-1] if not k.startswith("hp-")}
+    assert fedavg[-1]["grad-evals"] == (CLIENTS // 2) * 10 and fedavg[-1]["strategy"] == "fedavg"

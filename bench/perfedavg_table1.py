@@ -1,0 +1,324 @@
+"""Benchmark B1: the Per-FedAvg paper's Table 1 at the scale of a 2-core machine.
+
+Runs FedAvg + update and Per-FedAvg FO / HF / SO through Flower's simulation
+engine (a private local SuperLink) on ``../shared/data/mnist-10k`` split as in
+BENCHMARKS.md B1 (n = 50 users, a = 34, r = 0.2, d = d' = d'' = 40, delta = 1e-3),
+for the rows (tau, alpha) and seeds asked, and writes
+``bench/results/perfedavg_table1.json`` and ``.md``: per row and method the mean
+personalised accuracy over the 50 users (one step of size alpha on a batch of 40 of
+their own training images) with a 95% t-interval over seeds, seconds per round and
+gradient evaluations per round. It also times one local step of each variant on
+the MLP with batches of 40, side by side in this process (medians of interleaved
+repeats), and reports hf/fo and so/fo.
+
+    python bench/perfedavg_table1.py --quick            # one seed, two rows
+    python bench/perfedavg_table1.py                    # the README's table
+    python bench/perfedavg_table1.py --choose-beta      # FedAvg grid that fixed beta
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from app.launcher import LocalSimulation  # noqa: E402
+from clients.meta import meta_gradient, model_loss  # noqa: E402
+from clients.models import build_model  # noqa: E402
+
+DEFAULT_DATA = REPO.parent / "shared" / "data" / "mnist-10k"
+NUM_USERS, IMAGES_PER_CLASS, BATCH = 50, 34, 40
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}  # Student t quantiles for 95% intervals (df = seeds - 1)
+METHODS = (
+    ("FedAvg + update", "fedavg", ""),
+    ("Per-FedAvg FO", "perfedavg", "fo"),
+    ("Per-FedAvg HF", "perfedavg", "hf"),
+    ("Per-FedAvg SO", "perfedavg", "so"),
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    tau: int
+    alpha: float
+    variant: str = "standard"
+
+    @property
+    def label(self) -> str:
+        extra = ", diff. hetero." if self.variant == "diff-hetero" else ""
+        return f"tau = {self.tau}, alpha = {self.alpha}{extra}"
+
+
+ROWS = (Row(10, 0.001), Row(4, 0.001), Row(10, 0.01), Row(4, 0.01), Row(4, 0.05), Row(4, 0.05, "diff-hetero"))
+QUICK_ROWS = (Row(10, 0.001), Row(4, 0.05))
+
+
+def run_config(
+    row: Row,
+    strategy: str,
+    variant: str,
+    *,
+    beta: float,
+    rounds: int,
+    seed: int,
+    data_dir: Path,
+    results: str,
+    name: str,
+) -> dict:
+    config = {
+        "strategy": strategy,
+        "dataset": "mnist",
+        "data-dir": str(data_dir),
+        "partitioner": "perfedavg-paper",
+        "images-per-class": IMAGES_PER_CLASS,
+        "paper-variant": row.variant,
+        "model": "mlp",
+        "seed": seed,
+        "num-server-rounds": rounds,
+        "eval-every": max(1, rounds // 4),
+        "fraction-fit": 0.2,
+        "aggregation": "uniform",
+        "local-steps": row.tau,
+        "lr": beta,
+        "beta": beta,
+        "alpha": row.alpha,
+        "delta": 1e-3,
+        "batch-size": BATCH,
+        "outer-batch-size": BATCH,
+        "hessian-batch-size": BATCH,
+        "adapt-steps": 1,
+        "adapt-lr": 0.0,
+        "adapt-batch-size": BATCH,
+        "results-dir": results,
+        "run-name": name,
+    }
+    if variant:
+        config["variant"] = variant
+    return config
+
+
+def summarise_run(run_dir: Path) -> dict:
+    """Final personalised accuracy, and per-round cost from the training-only rounds."""
+    rounds = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    final = json.loads((run_dir / "summary.json").read_text())["final"]
+    train_only = [r for r in rounds if "accuracy" not in r] or rounds
+    return {
+        "accuracy": final["accuracy-client-mean"],
+        "accuracy-weighted": final["accuracy"],
+        "global-accuracy": final["global-accuracy-client-mean"],
+        "curve": [(r["round"], r["accuracy-client-mean"]) for r in rounds if "accuracy" in r],
+        "seconds-per-round": statistics.median(r["round-seconds"] for r in train_only),
+        "grad-evals-per-round": statistics.mean(r["grad-evals"] for r in rounds),
+        "hvp-evals-per-round": statistics.mean(r.get("hvp-evals", 0) for r in rounds),
+        "failed-replies": sum(r["clients-failed"] for r in rounds),
+    }
+
+
+def interval(values: list[float]) -> tuple[float, float]:
+    """Mean and half-width of the 95% t-interval (0 for one value)."""
+    mean = statistics.mean(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, T_975[len(values) - 1] * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def step_costs(repeats: int = 15, steps: int = 50) -> dict:
+    """Median wall time of one local meta-step per variant (MLP, batches of 40), interleaved."""
+    torch.set_num_threads(1)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = build_model("mlp", input_shape=(1, 28, 28), num_classes=10).to(device)
+    gen = torch.Generator().manual_seed(0)
+    batches = tuple(
+        (
+            torch.rand(BATCH, 1, 28, 28, generator=gen).to(device),
+            torch.randint(0, 10, (BATCH,), generator=gen).to(device),
+        )
+        for _ in range(3)
+    )
+    params = tuple(p.detach() for p in model.parameters())
+    loss = model_loss(model)
+    times: dict[str, list[float]] = {v: [] for v in ("fo", "hf", "so")}
+    for _ in range(3):  # warm-up
+        for variant in times:
+            meta_gradient(loss, params, batches, alpha=0.01, variant=variant)
+    for _ in range(repeats):
+        for variant in times:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(steps):
+                meta_gradient(loss, params, batches, alpha=0.01, variant=variant)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times[variant].append((time.perf_counter() - start) / steps)
+    med = {v: statistics.median(t) for v, t in times.items()}
+    return {
+        "device": device.type,
+        "median-seconds": med,
+        "hf/fo": med["hf"] / med["fo"],
+        "so/fo": med["so"] / med["fo"],
+    }
+
+
+def markdown(report: dict) -> str:
+    seeds = len(report["seeds"])
+    lines = [
+        f"Mean personalised test accuracy over the {NUM_USERS} users (%, 95% interval over {seeds} seed(s)); "
+        f"{report['rounds']} rounds, beta = {report['beta']}.",
+        "",
+        "| row | " + " | ".join(m[0] for m in METHODS) + " |",
+        "|---|" + "---|" * len(METHODS),
+    ]
+    for row in report["rows"]:
+        cells = [f"{100 * c['mean']:.2f} ± {100 * c['ci95']:.2f}" for c in row["methods"].values()]
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Cost per round (median over rows and seeds; 10 clients a round):",
+        "",
+        "| method | seconds per round | gradient evaluations per round | HVPs per round |",
+        "|---|---|---|---|",
+    ]
+    for label, cost in report["cost"].items():
+        lines.append(
+            f"| {label} | {cost['seconds-per-round']:.2f} | {cost['grad-evals-per-round']:.0f} | "
+            f"{cost['hvp-evals-per-round']:.0f} |"
+        )
+    sc = report["step-cost"]
+    lines += [
+        "",
+        f"One local step on the MLP, batches of 40 ({sc['device']}, medians): "
+        f"fo {1e3 * sc['median-seconds']['fo']:.2f} ms, hf {1e3 * sc['median-seconds']['hf']:.2f} ms "
+        f"({sc['hf/fo']:.2f}x fo), so {1e3 * sc['median-seconds']['so']:.2f} ms ({sc['so/fo']:.2f}x fo).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def choose_beta(args: argparse.Namespace, grid: tuple[float, ...]) -> None:
+    row, out = ROWS[0], {}
+    with tempfile.TemporaryDirectory() as results, LocalSimulation(app_dir=REPO) as sim:
+        for beta in grid:
+            name = f"beta-{beta}"
+            config = run_config(
+                row,
+                "fedavg",
+                "",
+                beta=beta,
+                rounds=args.rounds,
+                seed=0,
+                data_dir=args.data_dir,
+                results=results,
+                name=name,
+            )
+            outcome = sim.run(run_config=config, num_supernodes=NUM_USERS, extra_federation=args.federation)
+            if not outcome.ok:
+                raise SystemExit(f"{name}: {outcome.status}\n{outcome.log_tail}")
+            out[beta] = summarise_run(Path(results) / name)
+            print(f"beta {beta}: accuracy {out[beta]['accuracy']:.4f} curve {out[beta]['curve']}", flush=True)
+    path = args.out.with_name("perfedavg_beta_choice.json")
+    path.write_text(json.dumps({"row": row.label, "rounds": args.rounds, "fedavg": out}, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one seed, two rows")
+    parser.add_argument("--choose-beta", action="store_true", help="FedAvg over a beta grid (row 1, seed 0)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--beta", type=float, default=0.05)
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--federation", default="client-resources-num-cpus=1")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "perfedavg_table1.json")
+    args = parser.parse_args()
+    if not (args.data_dir / "MNIST" / "raw").is_dir():
+        raise SystemExit(f"B1 needs MNIST in torchvision's layout under {args.data_dir}/MNIST/raw (see --data-dir)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.choose_beta:
+        choose_beta(args, (0.01, 0.03, 0.1))
+        return
+    rows, seeds = (QUICK_ROWS, args.seeds[:1]) if args.quick else (ROWS, args.seeds)
+    if args.quick:
+        args.out = args.out.with_name("perfedavg_table1_quick.json")
+    step_cost = step_costs()
+    print(f"step cost: {step_cost}", flush=True)
+    runs: dict[tuple[int, str], list[dict]] = {}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as results, LocalSimulation(app_dir=REPO) as sim:
+        for seed in seeds:
+            for r, row in enumerate(rows):
+                for label, strategy, variant in METHODS:
+                    name = f"s{seed}-r{r}-{strategy}{variant}"
+                    config = run_config(
+                        row,
+                        strategy,
+                        variant,
+                        beta=args.beta,
+                        rounds=args.rounds,
+                        seed=seed,
+                        data_dir=args.data_dir,
+                        results=results,
+                        name=name,
+                    )
+                    outcome = sim.run(run_config=config, num_supernodes=NUM_USERS, extra_federation=args.federation)
+                    if not outcome.ok:
+                        raise SystemExit(f"{name}: {outcome.status}\n{outcome.log_tail}")
+                    result = {"seed": seed, **summarise_run(Path(results) / name), "wall-seconds": outcome.wall_seconds}
+                    runs.setdefault((r, label), []).append(result)
+                    print(
+                        f"[{time.perf_counter() - started:6.0f} s] seed {seed} {row.label} {label}: "
+                        f"acc {result['accuracy']:.4f} ({result['seconds-per-round']:.2f} s/round)",
+                        flush=True,
+                    )
+    report_rows = []
+    for r, row in enumerate(rows):
+        methods = {}
+        for label, _, _ in METHODS:
+            mean, half = interval([x["accuracy"] for x in runs[(r, label)]])
+            methods[label] = {"mean": mean, "ci95": half, "runs": runs[(r, label)]}
+        report_rows.append(
+            {"label": row.label, "tau": row.tau, "alpha": row.alpha, "split": row.variant, "methods": methods}
+        )
+    cost = {}
+    for label, _, _ in METHODS:
+        every = [x for r in range(len(rows)) for x in runs[(r, label)]]
+        cost[label] = {
+            k: statistics.median(x[k] for x in every)
+            for k in ("seconds-per-round", "grad-evals-per-round", "hvp-evals-per-round")
+        }
+    report = {
+        "benchmark": "B1",
+        "quick": args.quick,
+        "seeds": seeds,
+        "rounds": args.rounds,
+        "beta": args.beta,
+        "users": NUM_USERS,
+        "images-per-class": IMAGES_PER_CLASS,
+        "batch": BATCH,
+        "federation": args.federation,
+        "machine": f"{platform.machine()}, python {platform.python_version()}, torch {torch.__version__}",
+        "date": time.strftime("%Y-%m-%d"),
+        "step-cost": step_cost,
+        "rows": report_rows,
+        "cost": cost,
+        "total-seconds": time.perf_counter() - started,
+    }
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
