@@ -14,6 +14,11 @@ repeats), and reports hf/fo and so/fo.
     python bench/perfedavg_table1.py --quick            # one seed, two rows
     python bench/perfedavg_table1.py                    # the README's table
     python bench/perfedavg_table1.py --choose-beta      # FedAvg grid that fixed beta
+
+Every finished run is appended to ``bench/results/perfedavg_table1_runs.jsonl`` and
+skipped when the same run (seed, row, method, rounds, beta) is asked for again, so a
+long benchmark can be stopped and resumed; ``--report-only`` rebuilds the tables from
+the runs recorded so far.
 """
 
 from __future__ import annotations
@@ -87,7 +92,7 @@ def run_config(
         "model": "mlp",
         "seed": seed,
         "num-server-rounds": rounds,
-        "eval-every": max(1, rounds // 4),
+        "eval-every": max(1, rounds // 2),
         "fraction-fit": 0.2,
         "aggregation": "uniform",
         "local-steps": row.tau,
@@ -124,6 +129,10 @@ def summarise_run(run_dir: Path) -> dict:
         "hvp-evals-per-round": statistics.mean(r.get("hvp-evals", 0) for r in rounds),
         "failed-replies": sum(r["clients-failed"] for r in rounds),
     }
+
+
+def run_key(seed: int, row: str, method: str, rounds: int, beta: float) -> str:
+    return f"{seed}|{row}|{method}|{rounds}|{beta}"
 
 
 def interval(values: list[float]) -> tuple[float, float]:
@@ -173,29 +182,34 @@ def step_costs(repeats: int = 15, steps: int = 50) -> dict:
 
 
 def markdown(report: dict) -> str:
-    seeds = len(report["seeds"])
     lines = [
-        f"Mean personalised test accuracy over the {NUM_USERS} users (%, 95% interval over {seeds} seed(s)); "
+        f"Mean personalised test accuracy over the {NUM_USERS} users (%, mean ± 95% t-interval over the seeds); "
         f"{report['rounds']} rounds, beta = {report['beta']}.",
+        "",
+        "| row | " + " | ".join(m[0] for m in METHODS) + " | seeds |",
+        "|---|" + "---|" * (len(METHODS) + 1),
+    ]
+    for row in report["rows"]:
+        cells = [f"{100 * c['mean']:.2f} ± {100 * c['ci95']:.2f}" for c in row["methods"].values()]
+        seeds = min(len(c["runs"]) for c in row["methods"].values())
+        cells[-1] += f" | {seeds}"
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Cost per round, median over the seeds (10 clients a round): seconds, and gradient evaluations "
+        "(+ Hessian-vector products):",
         "",
         "| row | " + " | ".join(m[0] for m in METHODS) + " |",
         "|---|" + "---|" * len(METHODS),
     ]
     for row in report["rows"]:
-        cells = [f"{100 * c['mean']:.2f} ± {100 * c['ci95']:.2f}" for c in row["methods"].values()]
+        cells = []
+        for c in row["methods"].values():
+            seconds = statistics.median(x["seconds-per-round"] for x in c["runs"])
+            grads = statistics.median(x["grad-evals-per-round"] for x in c["runs"])
+            hvps = statistics.median(x["hvp-evals-per-round"] for x in c["runs"])
+            cells.append(f"{seconds:.2f} s, {grads:.0f}" + (f" + {hvps:.0f}" if hvps else ""))
         lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "Cost per round (median over rows and seeds; 10 clients a round):",
-        "",
-        "| method | seconds per round | gradient evaluations per round | HVPs per round |",
-        "|---|---|---|---|",
-    ]
-    for label, cost in report["cost"].items():
-        lines.append(
-            f"| {label} | {cost['seconds-per-round']:.2f} | {cost['grad-evals-per-round']:.0f} | "
-            f"{cost['hvp-evals-per-round']:.0f} |"
-        )
     sc = report["step-cost"]
     lines += [
         "",
@@ -238,7 +252,8 @@ def main() -> None:
     parser.add_argument("--choose-beta", action="store_true", help="FedAvg over a beta grid (row 1, seed 0)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=100)
-    parser.add_argument("--beta", type=float, default=0.05)
+    parser.add_argument("--beta", type=float, default=0.1, help="chosen with --choose-beta (see README)")
+    parser.add_argument("--report-only", action="store_true", help="tables from the recorded runs, no new runs")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--federation", default="client-resources-num-cpus=1")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "perfedavg_table1.json")
@@ -254,12 +269,21 @@ def main() -> None:
         args.out = args.out.with_name("perfedavg_table1_quick.json")
     step_cost = step_costs()
     print(f"step cost: {step_cost}", flush=True)
+    log_path = args.out.with_name(args.out.stem + "_runs.jsonl")
+    recorded = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
+    done = {run_key(x["seed"], x["row"], x["method"], x["rounds"], x["beta"]): x for x in recorded}
     runs: dict[tuple[int, str], list[dict]] = {}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as results, LocalSimulation(app_dir=REPO) as sim:
         for seed in seeds:
             for r, row in enumerate(rows):
                 for label, strategy, variant in METHODS:
+                    key = run_key(seed, row.label, label, args.rounds, args.beta)
+                    if key in done:
+                        runs.setdefault((r, label), []).append(done[key])
+                        continue
+                    if args.report_only:
+                        continue
                     name = f"s{seed}-r{r}-{strategy}{variant}"
                     config = run_config(
                         row,
@@ -275,7 +299,17 @@ def main() -> None:
                     outcome = sim.run(run_config=config, num_supernodes=NUM_USERS, extra_federation=args.federation)
                     if not outcome.ok:
                         raise SystemExit(f"{name}: {outcome.status}\n{outcome.log_tail}")
-                    result = {"seed": seed, **summarise_run(Path(results) / name), "wall-seconds": outcome.wall_seconds}
+                    result = {
+                        "seed": seed,
+                        "row": row.label,
+                        "method": label,
+                        "rounds": args.rounds,
+                        "beta": args.beta,
+                        **summarise_run(Path(results) / name),
+                        "wall-seconds": outcome.wall_seconds,
+                    }
+                    with log_path.open("a") as handle:
+                        handle.write(json.dumps(result) + "\n")
                     runs.setdefault((r, label), []).append(result)
                     print(
                         f"[{time.perf_counter() - started:6.0f} s] seed {seed} {row.label} {label}: "
@@ -285,6 +319,8 @@ def main() -> None:
     report_rows = []
     for r, row in enumerate(rows):
         methods = {}
+        if any((r, label) not in runs for label, _, _ in METHODS):
+            continue  # not run yet (--report-only on a partial log)
         for label, _, _ in METHODS:
             mean, half = interval([x["accuracy"] for x in runs[(r, label)]])
             methods[label] = {"mean": mean, "ci95": half, "runs": runs[(r, label)]}
@@ -293,7 +329,9 @@ def main() -> None:
         )
     cost = {}
     for label, _, _ in METHODS:
-        every = [x for r in range(len(rows)) for x in runs[(r, label)]]
+        every = [x for r in range(len(rows)) for x in runs.get((r, label), [])]
+        if not every:
+            continue
         cost[label] = {
             k: statistics.median(x[k] for x in every)
             for k in ("seconds-per-round", "grad-evals-per-round", "hvp-evals-per-round")

@@ -28,6 +28,7 @@ from strategies.summaries import summarise, weighted_mean
 from strategies.validation import evaluate_reply_problem, fit_reply_problem
 
 PREFLIGHT_WAIT_S = 600  # how long the preflight waits for the clients to connect
+PREFLIGHT_REPLY_S = 300  # a node that has not answered by then counts as unable to start
 PREFLIGHT_WORKERS = 8
 AGGREGATIONS = ("examples", "uniform")
 
@@ -59,8 +60,9 @@ class PersonalisedFedAvg(FedAvg):
         ``examples`` weighs each returned model by its example count (FedAvg);
         ``uniform`` averages them equally (the Per-FedAvg paper's Algorithm 1).
     preflight
-        Ask every connected client for its properties before the first round and stop the run
-        with that client's error if it cannot start.
+        Ask every connected client for its properties (with the first round's fit
+        config) before the first round, and stop the run with the clients' errors
+        if any cannot start.
     **fedavg_kwargs
         Passed to Flower's ``FedAvg`` (fractions, minimum client counts,
         ``initial_parameters``); ``accept_failures`` is always on.
@@ -324,7 +326,7 @@ def summary_line(summary: dict) -> str:
 
 def _ask_properties(proxy: ClientProxy, ins: GetPropertiesIns) -> object:
     try:
-        return proxy.get_properties(ins, timeout=None, group_id=0)
+        return proxy.get_properties(ins, timeout=PREFLIGHT_REPLY_S, group_id=0)
     except Exception as err:  # the client's reason travels back in the message
         return err
 
