@@ -15,11 +15,13 @@ from clients import MODELS, ClientSettings
 from clients.meta import VARIANTS
 from clients.models import IMAGE_MODELS
 from datasets import DATASETS, EMNIST_SPLITS, NEEDS_DATA_DIR, PAPER_VARIANTS, PARTITIONERS, DataSpec, PartitionSpec
+from strategies.fathom_math import LOCAL_TERMS, FathomSettings
 from strategies.fedavg import AGGREGATIONS
 
 DEVICES = ("auto", "cpu", "cuda")
 NATURAL_DATASETS = ("femnist", "synthetic")
 _CLIENT_DEFAULTS = ClientSettings()  # one source for the client-side defaults
+_FATHOM_DEFAULTS = FathomSettings()
 
 
 class ConfigError(ValueError):
@@ -70,6 +72,18 @@ class Settings:
     variant: str = _CLIENT_DEFAULTS.variant
     outer_batch_size: int = _CLIENT_DEFAULTS.outer_batch_size
     hessian_batch_size: int = _CLIENT_DEFAULTS.hessian_batch_size
+    # FATHOM (starts from lr, local-epochs and batch-size)
+    gamma_lr: float = _FATHOM_DEFAULTS.gamma_lr
+    gamma_epochs: float = _FATHOM_DEFAULTS.gamma_epochs
+    gamma_batch: float = _FATHOM_DEFAULTS.gamma_batch
+    smoothing: float = _FATHOM_DEFAULTS.smoothing
+    lr_min: float = _FATHOM_DEFAULTS.lr_bounds[0]
+    lr_max: float = _FATHOM_DEFAULTS.lr_bounds[1]
+    epochs_min: float = _FATHOM_DEFAULTS.epochs_bounds[0]
+    epochs_max: float = _FATHOM_DEFAULTS.epochs_bounds[1]
+    batch_min: float = _FATHOM_DEFAULTS.batch_bounds[0]
+    batch_max: float = _FATHOM_DEFAULTS.batch_bounds[1]
+    local_term: str = _FATHOM_DEFAULTS.local_term
     # execution and outputs
     device: str = _CLIENT_DEFAULTS.device
     num_threads: int = _CLIENT_DEFAULTS.num_threads
@@ -104,6 +118,19 @@ class Settings:
             test_fraction=self.test_fraction,
         )
 
+    def fathom_settings(self) -> FathomSettings:
+        """FATHOM's hyper-step sizes, smoothing, bounds and local-term reading."""
+        return FathomSettings(
+            gamma_lr=self.gamma_lr,
+            gamma_epochs=self.gamma_epochs,
+            gamma_batch=self.gamma_batch,
+            smoothing=self.smoothing,
+            lr_bounds=(self.lr_min, self.lr_max),
+            epochs_bounds=(self.epochs_min, self.epochs_max),
+            batch_bounds=(self.batch_min, self.batch_max),
+            local_term=self.local_term,
+        )
+
     def client_settings(self) -> ClientSettings:
         """The client-side hyperparameters."""
         names = {f.name for f in dataclasses.fields(ClientSettings)}
@@ -133,6 +160,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "device": DEVICES,
     "variant": VARIANTS,
     "aggregation": AGGREGATIONS,
+    "local-term": LOCAL_TERMS,
 }
 
 # key -> (lowest, highest, lowest allowed?, highest allowed?)
@@ -164,6 +192,16 @@ RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "delta": (0, INF, False, False),
     "outer-batch-size": (1, INF, True, False),
     "hessian-batch-size": (1, INF, True, False),
+    "gamma-lr": (0, INF, True, False),
+    "gamma-epochs": (0, INF, True, False),
+    "gamma-batch": (0, INF, True, False),
+    "smoothing": (0, 1, True, False),
+    "lr-min": (0, INF, False, False),
+    "lr-max": (0, INF, False, False),
+    "epochs-min": (0, INF, False, False),
+    "epochs-max": (0, INF, False, False),
+    "batch-min": (1, INF, True, False),
+    "batch-max": (1, INF, True, False),
 }
 
 
@@ -209,6 +247,18 @@ def _check_combination(s: Settings) -> None:
         )
     if s.partitioner == "perfedavg-paper" and s.images_per_class % 2:
         raise ConfigError(f"run config key 'images-per-class': {s.images_per_class} must be even (users take a/2)")
+    for low, high in (("lr-min", "lr-max"), ("epochs-min", "epochs-max"), ("batch-min", "batch-max")):
+        low_value, high_value = getattr(s, low.replace("-", "_")), getattr(s, high.replace("-", "_"))
+        if low_value > high_value:
+            raise ConfigError(f"run config key {low!r}: {low_value} is above {high!r} = {high_value}")
+    if s.strategy == "fathom":
+        starts = (("lr", s.lr, s.lr_min, s.lr_max), ("local-epochs", s.local_epochs, s.epochs_min, s.epochs_max),
+                  ("batch-size", s.batch_size, s.batch_min, s.batch_max))  # fmt: skip
+        for key, value, low, high in starts:
+            if not low <= value <= high:
+                raise ConfigError(
+                    f"run config key {key!r}: fathom starts at {value}, outside its bounds [{low}, {high}]"
+                )
     if s.model in IMAGE_MODELS and s.dataset == "synthetic":
         raise ConfigError(f"run config key 'model': {s.model!r} needs images; dataset 'synthetic' has feature vectors")
 

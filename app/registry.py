@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 from app.config import Settings
 from clients import TorchClient
+from clients.fathom import FathomClient
 from clients.perfedavg import PerFedAvgClient
 from strategies import PerFedAvg, PersonalisedFedAvg
+from strategies.fathom import Fathom
 
 
 def fedavg_arguments(settings: Settings) -> dict:
@@ -37,6 +39,16 @@ def perfedavg_arguments(settings: Settings) -> dict:
     }
 
 
+def fathom_arguments(settings: Settings) -> dict:
+    """FATHOM starts from lr, local-epochs and batch-size, and tunes them online."""
+    return {
+        "lr": settings.lr,
+        "epochs": settings.local_epochs,
+        "batch_size": float(settings.batch_size),
+        "settings": settings.fathom_settings(),
+    }
+
+
 @dataclass(frozen=True)
 class Method:
     """A federated method: its strategy class, its client class, and its own strategy arguments.
@@ -53,5 +65,6 @@ class Method:
 METHODS: dict[str, Method] = {
     "fedavg": Method(PersonalisedFedAvg, TorchClient, fedavg_arguments),
     "perfedavg": Method(PerFedAvg, PerFedAvgClient, perfedavg_arguments),
+    "fathom": Method(Fathom, FathomClient, fathom_arguments),
 }
 STRATEGY_NAMES = tuple(METHODS)

@@ -115,6 +115,7 @@ class TorchClient(NumPyClient):
             HVP_EVALS: report.hvp_evals,
             SAMPLE_GRADS: report.sample_grads,
             PARTITION_ID: self.partition_id,
+            **report.extra,
         }
         return self.get_parameters({}), len(self.train_y), metrics
 

@@ -76,12 +76,17 @@ class ClientSettings:
     num_threads: int = 1
 
     def updated(self, config: dict) -> ClientSettings:
-        """A copy with the values the server sent in ``config`` (known keys only)."""
+        """A copy with the values the server sent in ``config`` (known keys only).
+
+        Integer fields take the nearest integer of a real value (FATHOM broadcasts a
+        real batch size; ``round`` here is Python's, halves to even).
+        """
         changes = {}
         for key, field in CONFIG_FIELDS.items():
             if key in config:
                 kind = type(getattr(self, field))
-                changes[field] = kind(config[key])
+                value = config[key]
+                changes[field] = int(round(value)) if kind is int and isinstance(value, float) else kind(value)
         return dataclasses.replace(self, **changes)
 
     def adaptation_lr(self) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -51,6 +51,7 @@ class TrainReport:
     grad_evals: int
     sample_grads: int
     hvp_evals: int = 0
+    extra: dict = field(default_factory=dict)  # method-specific scalar metrics for the reply
 
 
 def sgd_steps(

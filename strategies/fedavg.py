@@ -156,6 +156,8 @@ class PersonalisedFedAvg(FedAvg):
     ) -> list[tuple[ClientProxy, FitIns]]:
         self.expected_shapes = [a.shape for a in parameters_to_ndarrays(parameters)]
         self.round_record = {"round": server_round, "strategy": self.name, "_start": time.perf_counter()}
+        # the hyperparameters in force this round, before aggregation may change them
+        self.round_record.update({f"hp-{k}": v for k, v in self.hyperparameters().items()})
         instructions = super().configure_fit(server_round, parameters, client_manager)
         self.round_record["clients-sampled"] = len(instructions)
         return instructions
@@ -174,9 +176,12 @@ class PersonalisedFedAvg(FedAvg):
             if problem is None:
                 accepted.append((proxy, res))
             else:
-                log(WARNING, "round %s: rejected fit reply from node %s: %s", server_round, proxy.cid, problem)
+                self.log_rejection(server_round, proxy, problem)
                 rejected.append((proxy, res))
         return accepted, rejected
+
+    def log_rejection(self, server_round: int, proxy: ClientProxy, problem: str) -> None:
+        log(WARNING, "round %s: rejected fit reply from node %s: %s", server_round, proxy.cid, problem)
 
     def aggregate_fit(
         self,
@@ -192,6 +197,8 @@ class PersonalisedFedAvg(FedAvg):
         )
         parameters, _ = super().aggregate_fit(server_round, weighted, [*failures, *rejected])
         metrics = self.fit_metrics(accepted)
+        if parameters is not None:
+            metrics.update(self.after_aggregation(server_round, accepted, parameters))
         self.round_record.update(
             {"clients-succeeded": len(accepted), "clients-failed": len(failures) + len(rejected),
              "clients-rejected": len(rejected), **metrics}
@@ -199,6 +206,15 @@ class PersonalisedFedAvg(FedAvg):
         if parameters is None:
             log(WARNING, "round %s: no usable fit reply; the global model is unchanged", server_round)
         return parameters, metrics
+
+    def after_aggregation(
+        self, server_round: int, accepted: list[tuple[ClientProxy, FitRes]], parameters: Parameters
+    ) -> dict[str, Scalar]:
+        """Hook for strategies with server state: runs after a successful aggregation.
+
+        Returns extra metrics for the round's record (the base strategy has none).
+        """
+        return {}
 
     def fit_metrics(self, accepted: list[tuple[ClientProxy, FitRes]]) -> dict[str, Scalar]:
         """Example-weighted training loss and the work the clients did this round."""
@@ -209,6 +225,7 @@ class PersonalisedFedAvg(FedAvg):
             "grad-evals": int(sum(int(res.metrics.get("grad-evals", 0)) for _, res in accepted)),
             "hvp-evals": int(sum(int(res.metrics.get("hvp-evals", 0)) for _, res in accepted)),
             "sample-grads": int(sum(int(res.metrics.get("sample-grads", 0)) for _, res in accepted)),
+            "client-steps": int(sum(int(res.metrics.get("local-steps", 0)) for _, res in accepted)),
         }
 
     # ---------------------------------------------------------------- evaluation
@@ -257,7 +274,6 @@ class PersonalisedFedAvg(FedAvg):
         start = record.pop("_start", time.perf_counter())
         record["round-seconds"] = time.perf_counter() - start
         record["elapsed-seconds"] = time.perf_counter() - self.started
-        record.update({f"hp-{k}": v for k, v in self.hyperparameters().items()})
         self.history.append(record)
         self.recorder.record_round(record)
         log(INFO, progress_line(record, self.num_rounds))

@@ -13,6 +13,7 @@ MAX_REASONABLE_LOSS = 1e6
 ACCURACY_KEYS = ("accuracy", "global-accuracy")
 LOSS_KEYS = ("train-loss", "global-loss")
 COUNT_KEYS = ("grad-evals", "sample-grads", "local-steps")
+COSINE_KEYS = ("phi",)
 
 
 def metrics_problem(metrics: Mapping[str, object]) -> str | None:
@@ -26,6 +27,9 @@ def metrics_problem(metrics: Mapping[str, object]) -> str | None:
     for key in LOSS_KEYS:
         if key in metrics and not 0.0 <= float(metrics[key]) <= MAX_REASONABLE_LOSS:
             return f"metric {key!r} = {metrics[key]} is outside [0, {MAX_REASONABLE_LOSS:g}]"
+    for key in COSINE_KEYS:
+        if key in metrics and not -1.0 <= float(metrics[key]) <= 1.0:
+            return f"metric {key!r} = {metrics[key]} is outside [-1, 1]"
     for key in COUNT_KEYS:
         if key in metrics and float(metrics[key]) < 0:
             return f"metric {key!r} = {metrics[key]} is negative"

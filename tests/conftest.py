@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from flwr.server.client_proxy import ClientProxy
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("STAMEN_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -17,3 +18,22 @@ def shared_dataset(name: str) -> Path:
     if not path.is_dir():
         pytest.skip(f"real data {path} is absent (set STAMEN_SHARED_DATA to the folder holding {name}/)")
     return path
+
+
+class FakeProxy(ClientProxy):
+    """A connected node as the strategy sees it, for tests that drive a strategy by hand."""
+
+    def get_properties(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def get_parameters(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def fit(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def evaluate(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def reconnect(self, ins, timeout, group_id):
+        raise NotImplementedError

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+from conftest import FakeProxy
 from flwr.common import (
     Code,
     EvaluateRes,
@@ -10,7 +11,6 @@ from flwr.common import (
     parameters_to_ndarrays,
 )
 from flwr.server.client_manager import SimpleClientManager
-from flwr.server.client_proxy import ClientProxy
 
 from strategies import NullRecorder, PerFedAvg, PersonalisedFedAvg
 from strategies.summaries import summarise, weighted_mean
@@ -18,23 +18,6 @@ from strategies.validation import evaluate_reply_problem, fit_reply_problem
 
 SHAPES = [(2, 3), (3,)]
 OK = Status(code=Code.OK, message="")
-
-
-class FakeProxy(ClientProxy):
-    def get_properties(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def get_parameters(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def fit(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def evaluate(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def reconnect(self, ins, timeout, group_id):
-        raise NotImplementedError
 
 
 def arrays(value):

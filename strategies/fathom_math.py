@@ -1,0 +1,125 @@
+"""FATHOM's server-side hyperparameter state and its update (pure numpy, no Flower).
+
+ALGORITHMS.md section 2 (seed eq. 5, 9, 12-15): from the aggregated model update
+``Delta_t`` and the clients' local alignment ``phi_i``, normalised hypergradients
+
+    H_t = N_t = -cos(Delta_t, Delta_sm)          (0 in the first round: Delta_sm = 0)
+    G_t       = -sum_i (nu_i / nu) * phi_i       ("eq12": times eta_t, the literal eq. 12)
+
+drive exponentiated-gradient updates of the client learning rate ``eta``, the
+epochs ``E`` and the batch size ``B`` (all reals), each clipped to its bounds:
+
+    eta <- eta * exp(-gamma_lr * H)
+    E   <- E   * exp(-gamma_epochs * (N + G))
+    B   <- B   * exp( gamma_batch * G)
+    Delta_sm <- a * Delta_sm + (1 - a) * Delta_t
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+LOCAL_TERMS = ("cosine", "eq12")
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine of the angle between two vectors; 0 where either norm is 0."""
+    norm = float(np.linalg.norm(a)) * float(np.linalg.norm(b))
+    return float(np.dot(a.ravel(), b.ravel()) / norm) if norm > 0 else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class FathomSettings:
+    """Hyper-step sizes, smoothing, bounds and the local-term reading (seed Algorithm 1 defaults)."""
+
+    gamma_lr: float = 0.01
+    gamma_epochs: float = 0.01
+    gamma_batch: float = 0.1
+    smoothing: float = 0.5
+    lr_bounds: tuple[float, float] = (1e-4, 1.0)
+    epochs_bounds: tuple[float, float] = (0.01, 10.0)
+    batch_bounds: tuple[float, float] = (1.0, 5096.0)
+    local_term: str = "cosine"
+
+    def __post_init__(self) -> None:
+        for name in ("gamma_lr", "gamma_epochs", "gamma_batch"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.smoothing < 1:
+            raise ValueError(f"smoothing must be in [0, 1), got {self.smoothing}")
+        for name in ("lr_bounds", "epochs_bounds", "batch_bounds"):
+            low, high = getattr(self, name)
+            if not 0 < low <= high:
+                raise ValueError(f"{name.replace('_', '-')} must satisfy 0 < low <= high, got {(low, high)}")
+        if self.local_term not in LOCAL_TERMS:
+            raise ValueError(f"local-term {self.local_term!r} is not one of {list(LOCAL_TERMS)}")
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class FathomState:
+    """The hyperparameters in force and what their update needs from earlier rounds."""
+
+    lr: float
+    epochs: float
+    batch_size: float
+    smoothed_update: np.ndarray | None = None  # flattened; None until the first update
+    round: int = 0
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class RoundAggregate:
+    """What one round gives the hyperparameter update.
+
+    ``update`` is the flattened aggregated model update ``x_{t+1} - x_t``;
+    ``phis`` and ``examples`` are the accepted clients' alignments and example counts.
+    """
+
+    update: np.ndarray
+    phis: np.ndarray
+    examples: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+@dataclass(frozen=True)
+class Hypergradients:
+    """The normalised hypergradients of one round."""
+
+    global_term: float  # H_t = N_t
+    local_term: float  # G_t
+
+
+def hypergradients(state: FathomState, aggregate: RoundAggregate, settings: FathomSettings) -> Hypergradients:
+    """``H_t`` from consecutive global updates, ``G_t`` from the clients' ``phi``."""
+    previous = state.smoothed_update if state.smoothed_update is not None else np.zeros_like(aggregate.update)
+    h = -cosine(aggregate.update, previous)
+    weights = np.asarray(aggregate.examples, dtype=np.float64)
+    g = -float(np.dot(weights, aggregate.phis) / weights.sum()) if weights.sum() > 0 else 0.0
+    if settings.local_term == "eq12":
+        g *= state.lr
+    return Hypergradients(h, g)
+
+
+def _clip(value: float, bounds: tuple[float, float]) -> float:
+    return float(min(max(value, bounds[0]), bounds[1]))
+
+
+def fathom_update(
+    state: FathomState, aggregate: RoundAggregate, settings: FathomSettings
+) -> tuple[FathomState, Hypergradients]:
+    """The next round's state and this round's hypergradients (seed eq. 13-15)."""
+    hg = hypergradients(state, aggregate, settings)
+    previous = state.smoothed_update if state.smoothed_update is not None else np.zeros_like(aggregate.update)
+    smoothed = settings.smoothing * previous + (1.0 - settings.smoothing) * aggregate.update
+    new_state = replace(
+        state,
+        lr=_clip(state.lr * math.exp(-settings.gamma_lr * hg.global_term), settings.lr_bounds),
+        epochs=_clip(
+            state.epochs * math.exp(-settings.gamma_epochs * (hg.global_term + hg.local_term)), settings.epochs_bounds
+        ),
+        batch_size=_clip(state.batch_size * math.exp(settings.gamma_batch * hg.local_term), settings.batch_bounds),
+        smoothed_update=smoothed,
+        round=state.round + 1,
+    )
+    return new_state, hg

@@ -1,0 +1,197 @@
+"""FATHOM: the hyperparameter update against hand computations, the client's plan and phi."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+from flwr.server.client_manager import SimpleClientManager
+from torch.nn import functional as F
+
+from clients import ClientSettings, build_model
+from clients.base import round_generator
+from clients.fathom import FathomClient, client_plan
+from clients.training import batch_indices
+from datasets import ClientData
+from strategies.fathom import Fathom
+from strategies.fathom_math import FathomSettings, FathomState, RoundAggregate, cosine, fathom_update
+from strategies.validation import metrics_problem
+
+SETTINGS = FathomSettings()
+
+
+def state(**kw):
+    return FathomState(**{"lr": 0.1, "epochs": 1.0, "batch_size": 32.0, **kw})
+
+
+def aggregate(update, phis=(0.0,), examples=(1.0,)):
+    return RoundAggregate(update=np.asarray(update, float), phis=np.asarray(phis, float),
+                          examples=np.asarray(examples, float))  # fmt: skip
+
+
+def test_first_round_leaves_lr_unchanged_and_starts_the_smoothed_update():
+    new, hg = fathom_update(state(), aggregate([1.0, 2.0], phis=[0.0]), SETTINGS)
+    assert hg.global_term == 0.0 and new.lr == 0.1
+    np.testing.assert_allclose(new.smoothed_update, 0.5 * np.array([1.0, 2.0]))
+    assert new.round == 1
+
+
+def test_aligned_consecutive_updates_raise_lr_and_epochs():
+    s = state(smoothed_update=np.array([1.0, 0.0]))
+    new, hg = fathom_update(s, aggregate([2.0, 0.0], phis=[0.0]), SETTINGS)
+    assert hg.global_term == pytest.approx(-1.0)
+    assert new.lr > s.lr and new.epochs > s.epochs and new.batch_size == s.batch_size
+    opposed, hg = fathom_update(s, aggregate([-2.0, 0.0], phis=[0.0]), SETTINGS)
+    assert hg.global_term == pytest.approx(1.0) and opposed.lr < s.lr and opposed.epochs < s.epochs
+
+
+def test_aligned_local_gradients_lower_batch_size_and_raise_epochs():
+    s = state(smoothed_update=np.array([1.0, 0.0]))
+    orthogonal = [0.0, 1.0]  # H = 0: only the local term moves things
+    aligned, hg = fathom_update(s, aggregate(orthogonal, phis=[0.9, 0.7], examples=[1, 3]), SETTINGS)
+    assert hg.local_term == pytest.approx(-(0.9 * 1 + 0.7 * 3) / 4)
+    assert aligned.batch_size < s.batch_size and aligned.epochs > s.epochs and aligned.lr == s.lr
+    opposed, _ = fathom_update(s, aggregate(orthogonal, phis=[-0.5]), SETTINGS)
+    assert opposed.batch_size > s.batch_size and opposed.epochs < s.epochs
+
+
+def test_update_matches_a_hand_computation():
+    previous = np.array([1.0, 1.0, 0.0])
+    update = np.array([1.0, 0.0, 1.0])
+    settings = FathomSettings(gamma_lr=0.2, gamma_epochs=0.3, gamma_batch=0.4, smoothing=0.25)
+    s = state(lr=0.05, epochs=2.0, batch_size=64.0, smoothed_update=previous)
+    new, hg = fathom_update(s, aggregate(update, phis=[0.2, -0.4, 1.0], examples=[10, 30, 60]), settings)
+    h = -(1.0 / (math.sqrt(2) * math.sqrt(2)))  # cos = 1 / 2
+    g = -(0.2 * 0.1 - 0.4 * 0.3 + 1.0 * 0.6)
+    assert hg.global_term == pytest.approx(h, abs=1e-15) and hg.local_term == pytest.approx(g, abs=1e-15)
+    assert new.lr == pytest.approx(0.05 * math.exp(-0.2 * h), rel=1e-15)
+    assert new.epochs == pytest.approx(2.0 * math.exp(-0.3 * (h + g)), rel=1e-15)
+    assert new.batch_size == pytest.approx(64.0 * math.exp(0.4 * g), rel=1e-15)
+    np.testing.assert_allclose(new.smoothed_update, 0.25 * previous + 0.75 * update, rtol=1e-15)
+
+
+def test_eq12_reading_scales_the_local_term_by_lr():
+    s = state(lr=0.2)
+    _, hg = fathom_update(s, aggregate([1.0], phis=[0.5]), FathomSettings(local_term="eq12"))
+    assert hg.local_term == pytest.approx(-0.2 * 0.5)
+
+
+def test_bounds_are_respected():
+    settings = FathomSettings(gamma_lr=50.0, gamma_epochs=50.0, gamma_batch=50.0, lr_bounds=(0.01, 0.2),
+                              epochs_bounds=(0.5, 3.0), batch_bounds=(4.0, 128.0))  # fmt: skip
+    s = state(lr=0.1, epochs=1.0, batch_size=32.0, smoothed_update=np.array([1.0]))
+    up, _ = fathom_update(s, aggregate([1.0], phis=[1.0]), settings)  # H = -1, G = -1
+    assert (up.lr, up.epochs, up.batch_size) == (0.2, 3.0, 4.0)
+    down, _ = fathom_update(s, aggregate([-1.0], phis=[-1.0]), settings)
+    assert (down.lr, down.epochs, down.batch_size) == (0.01, 0.5, 128.0)
+
+
+def test_cosine_is_zero_for_a_zero_vector():
+    assert cosine(np.zeros(3), np.ones(3)) == 0.0
+    assert cosine(np.array([1.0, 0.0]), np.array([0.0, 2.0])) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"gamma_lr": -1.0}, "gamma-lr must be >= 0"),
+        ({"smoothing": 1.0}, r"smoothing must be in \[0, 1\)"),
+        ({"batch_bounds": (10.0, 2.0)}, "batch-bounds must satisfy"),
+        ({"local_term": "other"}, "local-term 'other' is not one of"),
+    ],
+)
+def test_bad_settings(settings, message):
+    with pytest.raises(ValueError, match=message):
+        FathomSettings(**settings)
+
+
+@pytest.mark.parametrize(
+    ("examples", "epochs", "batch", "expected"),
+    [
+        (3, 1.0, 32.0, (3, 1)),  # tiny client: the batch is capped at its data, one pass is one step
+        (100, 1.0, 1e6, (100, 1)),  # huge batch
+        (100, 0.3, 10.0, (10, 3)),  # fractional epochs: ceil(100 * 0.3 / 10)
+        (100, 0.001, 10.0, (10, 1)),  # at least one step
+        (100, 2.0, 0.2, (1, 200)),  # batch below one rounds up to one
+        (100, 1.0, 32.6, (33, 4)),  # B is rounded, then K = ceil(100 / 33)
+    ],
+)
+def test_client_plan_at_its_edges(examples, epochs, batch, expected):
+    assert client_plan(examples, epochs, batch) == expected
+
+
+def test_client_phi_equals_a_direct_computation_from_the_gradients():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(23, 3)).astype(np.float32)
+    y = rng.integers(0, 3, 23).astype(np.int64)
+    data = ClientData(x, y, x[:5], y[:5], num_classes=3)
+    settings = ClientSettings(lr=0.3, local_epochs=1.5, batch_size=8, seed=4, device="cpu")
+    start = build_model("logreg", input_shape=(3,), num_classes=3, seed=2)
+    weights = [v.detach().numpy().copy() for v in start.state_dict().values()]
+    client = FathomClient(model=build_model("logreg", input_shape=(3,), num_classes=3), data=data, settings=settings,
+                          partition_id=7)  # fmt: skip
+    config = {"server-round": 5, "lr": 0.3, "local-epochs": 1.5, "batch-size": 7.6}
+    new, n, metrics = client.fit(weights, config)
+    batch, steps = client_plan(23, 1.5, 7.6)
+    assert (metrics["used-batch-size"], metrics["local-steps"], metrics["sample-grads"]) == (8, 5, 40)
+    assert (batch, steps) == (8, 5) and metrics["lr"] == 0.3 and n == 23
+
+    # replay: the same batches, plain SGD, every gradient recorded
+    model = build_model("logreg", input_shape=(3,), num_classes=3, seed=2)
+    grads = []
+    for idx in batch_indices(23, batch, steps, round_generator(4, 7, 5, "fit")):
+        loss = F.cross_entropy(model(torch.from_numpy(x[idx])), torch.from_numpy(y[idx]))
+        g = torch.autograd.grad(loss, list(model.parameters()))
+        grads.append(np.concatenate([t.numpy().ravel() for t in g]).astype(np.float64))
+        with torch.no_grad():
+            for p, gp in zip(model.parameters(), g, strict=True):
+                p -= 0.3 * gp
+    running = np.cumsum(grads, axis=0)
+    phi = min(float(g @ s / (np.linalg.norm(g) * np.linalg.norm(s))) for g, s in zip(grads, running, strict=True))
+    assert metrics["phi"] == pytest.approx(phi, abs=1e-6)
+    assert -1.0 <= phi < 1.0  # several steps: not trivially aligned
+    for got, want in zip(new, [p.detach().numpy() for p in model.parameters()], strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_one_step_has_phi_one():
+    data = ClientData(np.ones((4, 2), np.float32), np.array([0, 1, 0, 1]), np.ones((1, 2), np.float32),
+                      np.array([0]), num_classes=2)  # fmt: skip
+    client = FathomClient(model=build_model("logreg", input_shape=(2,), num_classes=2), data=data,
+                          settings=ClientSettings(device="cpu"), partition_id=0)  # fmt: skip
+    _, _, metrics = client.fit(client.get_parameters({}), {"lr": 0.1, "local-epochs": 1.0, "batch-size": 4.0})
+    assert metrics["local-steps"] == 1 and metrics["phi"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("phi", [1.5, -1.2, float("nan"), float("inf")])
+def test_replies_with_a_bad_phi_are_malformed(phi):
+    assert metrics_problem({"phi": phi}) is not None
+
+
+def test_strategy_broadcasts_state_rejects_missing_phi_and_updates():
+    from test_strategies_fedavg import FakeProxy  # the tests' stand-in for a connected node
+
+    ok = Status(code=Code.OK, message="")
+    zeros = [np.zeros(3, np.float32)]
+    strategy = Fathom(
+        lr=0.1, epochs=1.0, batch_size=16.0, num_rounds=3, fraction_fit=1.0, min_fit_clients=1,
+        min_available_clients=1, initial_parameters=ndarrays_to_parameters(zeros), preflight=False,
+    )  # fmt: skip
+    manager = SimpleClientManager()
+    proxies = [FakeProxy(str(i)) for i in range(3)]
+    for p in proxies:
+        manager.register(p)
+    instructions = strategy.configure_fit(1, strategy.initial_parameters, manager)
+    assert instructions[0][1].config == {"lr": 0.1, "local-epochs": 1.0, "batch-size": 16.0, "server-round": 1}
+    replies = [
+        (proxies[0], FitRes(ok, ndarrays_to_parameters([np.ones(3, np.float32)]), 10, {"phi": 0.5, "lr": 0.1})),
+        (proxies[1], FitRes(ok, ndarrays_to_parameters([np.ones(3, np.float32)]), 10, {"phi": 0.5, "lr": 0.1})),
+        (proxies[2], FitRes(ok, ndarrays_to_parameters([np.full(3, 9.0, np.float32)]), 10, {"lr": 0.1})),
+    ]
+    _, metrics = strategy.aggregate_fit(1, replies, [])
+    assert strategy.round_record["clients-rejected"] == 1  # no phi: rejected, its 9s never reach the model
+    assert metrics["G"] == pytest.approx(-0.5) and metrics["H"] == 0.0
+    assert strategy.state.batch_size == pytest.approx(16.0 * math.exp(0.1 * -0.5))
+    assert strategy.round_record["hp-batch-size"] == 16.0  # the record keeps the values in force that round
+    assert strategy.fit_config(2)["batch-size"] == pytest.approx(strategy.state.batch_size)
