@@ -131,6 +131,14 @@ def summarise_run(run_dir: Path) -> dict:
     }
 
 
+def run_one(sim: LocalSimulation, config: dict, federation: str) -> dict:
+    """Run one configuration on the 50 users; its summary, or exit with the run's log if it failed."""
+    outcome = sim.run(run_config=config, num_supernodes=NUM_USERS, extra_federation=federation)
+    if not outcome.ok:
+        raise SystemExit(f"{config['run-name']}: {outcome.status}\n{outcome.log_tail}")
+    return {**summarise_run(Path(config["results-dir"]) / config["run-name"]), "wall-seconds": outcome.wall_seconds}
+
+
 def run_key(seed: int, row: str, method: str, rounds: int, beta: float) -> str:
     return f"{seed}|{row}|{method}|{rounds}|{beta}"
 
@@ -236,10 +244,7 @@ def choose_beta(args: argparse.Namespace, grid: tuple[float, ...]) -> None:
                 results=results,
                 name=name,
             )
-            outcome = sim.run(run_config=config, num_supernodes=NUM_USERS, extra_federation=args.federation)
-            if not outcome.ok:
-                raise SystemExit(f"{name}: {outcome.status}\n{outcome.log_tail}")
-            out[beta] = summarise_run(Path(results) / name)
+            out[beta] = run_one(sim, config, args.federation)
             print(f"beta {beta}: accuracy {out[beta]['accuracy']:.4f} curve {out[beta]['curve']}", flush=True)
     path = args.out.with_name("perfedavg_beta_choice.json")
     path.write_text(json.dumps({"row": row.label, "rounds": args.rounds, "fedavg": out}, indent=2) + "\n")
@@ -296,17 +301,13 @@ def main() -> None:
                         results=results,
                         name=name,
                     )
-                    outcome = sim.run(run_config=config, num_supernodes=NUM_USERS, extra_federation=args.federation)
-                    if not outcome.ok:
-                        raise SystemExit(f"{name}: {outcome.status}\n{outcome.log_tail}")
                     result = {
                         "seed": seed,
                         "row": row.label,
                         "method": label,
                         "rounds": args.rounds,
                         "beta": args.beta,
-                        **summarise_run(Path(results) / name),
-                        "wall-seconds": outcome.wall_seconds,
+                        **run_one(sim, config, args.federation),
                     }
                     with log_path.open("a") as handle:
                         handle.write(json.dumps(result) + "\n")
