@@ -93,7 +93,7 @@ class Hypergradients:
 def hypergradients(state: FathomState, aggregate: RoundAggregate, settings: FathomSettings) -> Hypergradients:
     """``H_t`` from consecutive global updates, ``G_t`` from the clients' ``phi``."""
     previous = state.smoothed_update if state.smoothed_update is not None else np.zeros_like(aggregate.update)
-    h = -cosine(aggregate.update, previous)
+    h = 0.0 - cosine(aggregate.update, previous)  # 0.0 - x, so an empty history gives +0.0, not -0.0
     weights = np.asarray(aggregate.examples, dtype=np.float64)
     g = -float(np.dot(weights, aggregate.phis) / weights.sum()) if weights.sum() > 0 else 0.0
     if settings.local_term == "eq12":
