@@ -95,6 +95,12 @@ def test_models_have_the_papers_shapes():
     assert parameter_count(mlp) == 784 * 80 + 80 + 80 * 60 + 60 + 60 * 10 + 10
     cnn = build_model("cnn", input_shape=(1, 28, 28), num_classes=62)
     assert cnn(torch.zeros(2, 1, 28, 28)).shape == (2, 62)
+    conv = 32 * 25 + 32 + 64 * 32 * 25 + 64
+    assert parameter_count(cnn) == conv + 64 * 7 * 7 * 512 + 512 + 512 * 62 + 62
+    small = build_model("cnn-small", input_shape=(1, 28, 28), num_classes=62)
+    conv = 8 * 25 + 8 + 16 * 8 * 25 + 16
+    assert parameter_count(small) == conv + 16 * 7 * 7 * 64 + 64 + 64 * 62 + 62
+    assert small(torch.zeros(2, 1, 28, 28)).shape == (2, 62)
     with pytest.raises(ValueError, match="needs square images"):
         build_model("cnn", input_shape=(60,), num_classes=10)
     with pytest.raises(ValueError, match="is not one of"):
