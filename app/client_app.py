@@ -33,7 +33,13 @@ def client_fn(context: Context) -> Client:
         settings.model, input_shape=tuple(data.train_x.shape[1:]), num_classes=data.num_classes, seed=settings.seed
     )
     client_class = METHODS[settings.strategy].client_class
-    client = client_class(model=model, data=data, settings=settings.client_settings(), partition_id=partition_id)
+    client = client_class(
+        model=model,
+        data=data,
+        settings=settings.client_settings(),
+        partition_id=partition_id,
+        num_partitions=num_partitions,
+    )
     return client.to_client()
 
 

@@ -10,16 +10,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from clients import MODELS, ClientSettings
 from clients.meta import VARIANTS
 from clients.models import IMAGE_MODELS
 from datasets import DATASETS, EMNIST_SPLITS, NEEDS_DATA_DIR, PAPER_VARIANTS, PARTITIONERS, DataSpec, PartitionSpec
+from datasets.registry import GENERATED
 from strategies.fathom_math import LOCAL_TERMS, FathomSettings
 from strategies.fedavg import AGGREGATIONS
+from strategies.topology import COMBINATIONS, GRAPHS, MODES, parse_probabilities
 
 DEVICES = ("auto", "cpu", "cuda")
-NATURAL_DATASETS = ("femnist", "synthetic")
+NATURAL_DATASETS = ("femnist", "synthetic", "least-squares")
 _CLIENT_DEFAULTS = ClientSettings()  # one source for the client-side defaults
 _FATHOM_DEFAULTS = FathomSettings()
 
@@ -84,6 +87,18 @@ class Settings:
     batch_min: float = _FATHOM_DEFAULTS.batch_bounds[0]
     batch_max: float = _FATHOM_DEFAULTS.batch_bounds[1]
     local_term: str = _FATHOM_DEFAULTS.local_term
+    # asynchronous diffusion
+    mode: str = "diffusion"
+    mu: float = _CLIENT_DEFAULTS.mu
+    graph: str = "ring"
+    edge_probability: float = 0.3
+    graph_file: str = ""
+    combination: str = "metropolis"
+    combination_file: str = ""
+    participation: float = 1.0
+    participation_per_agent: str = ""
+    neighbour_probability: float = 1.0
+    snapshot_every: int = 0
     # execution and outputs
     device: str = _CLIENT_DEFAULTS.device
     num_threads: int = _CLIENT_DEFAULTS.num_threads
@@ -101,7 +116,7 @@ class Settings:
             emnist_split=self.emnist_split,
             synthetic_alpha=self.synthetic_alpha,
             synthetic_beta=self.synthetic_beta,
-            num_users=num_partitions if self.dataset == "synthetic" else 0,
+            num_users=num_partitions if self.dataset in GENERATED else 0,
             seed=self.seed,
         )
 
@@ -161,6 +176,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "variant": VARIANTS,
     "aggregation": AGGREGATIONS,
     "local-term": LOCAL_TERMS,
+    "mode": MODES,
+    "graph": GRAPHS,
+    "combination": COMBINATIONS,
 }
 
 # key -> (lowest, highest, lowest allowed?, highest allowed?)
@@ -202,6 +220,11 @@ RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "epochs-max": (0, INF, False, False),
     "batch-min": (1, INF, True, False),
     "batch-max": (1, INF, True, False),
+    "mu": (0, INF, False, False),
+    "edge-probability": (0, 1, False, True),
+    "participation": (0, 1, False, True),
+    "neighbour-probability": (0, 1, True, True),
+    "snapshot-every": (0, INF, True, False),
 }
 
 
@@ -259,8 +282,37 @@ def _check_combination(s: Settings) -> None:
                 raise ConfigError(
                     f"run config key {key!r}: fathom starts at {value}, outside its bounds [{low}, {high}]"
                 )
-    if s.model in IMAGE_MODELS and s.dataset == "synthetic":
-        raise ConfigError(f"run config key 'model': {s.model!r} needs images; dataset 'synthetic' has feature vectors")
+    if s.model in IMAGE_MODELS and s.dataset in GENERATED:
+        raise ConfigError(
+            f"run config key 'model': {s.model!r} needs images; dataset {s.dataset!r} has feature vectors"
+        )
+    _check_diffusion(s)
+    if (s.model == "linear") != (s.dataset == "least-squares"):
+        raise ConfigError(
+            "run config key 'model': dataset 'least-squares' (real targets) and model 'linear' go together; "
+            f"got model {s.model!r} with dataset {s.dataset!r}"
+        )
+
+
+def _check_diffusion(s: Settings) -> None:
+    for key, value in (("graph-file", s.graph_file), ("combination-file", s.combination_file)):
+        owner = key.removesuffix("-file")
+        if (getattr(s, owner) == "file") != bool(value):
+            raise ConfigError(f"run config key {key!r} is set exactly when {owner!r} is 'file'; got {owner} = "
+                              f"{getattr(s, owner)!r}, {key} = {value!r}")  # fmt: skip
+        if value and not Path(value).expanduser().is_file():
+            raise ConfigError(f"run config key {key!r}: {value!r} is not a file")
+    if s.participation_per_agent:
+        try:
+            parse_probabilities(s.participation_per_agent)
+        except ValueError as err:
+            raise ConfigError(f"run config key 'participation-per-agent': {err}") from err
+    if s.strategy == "diffusion" and s.mode == "fedsgd":
+        if s.participation != 1 or s.participation_per_agent or s.neighbour_probability != 1:
+            raise ConfigError(
+                "run config key 'mode': 'fedsgd' has every agent take part every round; it needs participation = 1, "
+                "neighbour-probability = 1 and no participation-per-agent"
+            )
 
 
 def parse_settings(run_config: Mapping[str, object], strategies: tuple[str, ...] = ("fedavg",)) -> Settings:

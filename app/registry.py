@@ -7,10 +7,13 @@ from dataclasses import dataclass
 
 from app.config import Settings
 from clients import TorchClient
+from clients.diffusion import DiffusionClient
 from clients.fathom import FathomClient
 from clients.perfedavg import PerFedAvgClient
 from strategies import PerFedAvg, PersonalisedFedAvg
+from strategies.diffusion import Diffusion
 from strategies.fathom import Fathom
+from strategies.topology import NetworkSettings
 
 
 def fedavg_arguments(settings: Settings) -> dict:
@@ -49,6 +52,29 @@ def fathom_arguments(settings: Settings) -> dict:
     }
 
 
+def diffusion_arguments(settings: Settings) -> dict:
+    """The network (built once the agents are known), the agents' local SGD and snapshots."""
+    network = NetworkSettings(
+        mode=settings.mode,
+        graph=settings.graph,
+        edge_probability=settings.edge_probability,
+        graph_file=settings.graph_file,
+        combination=settings.combination,
+        combination_file=settings.combination_file,
+        participation=settings.participation,
+        participation_per_agent=settings.participation_per_agent,
+        neighbour_probability=settings.neighbour_probability,
+        seed=settings.seed,
+    )
+    return {
+        "network": network,
+        "mu": settings.mu,
+        "local_steps": settings.local_steps,
+        "batch_size": settings.batch_size,
+        "snapshot_every": settings.snapshot_every,
+    }
+
+
 @dataclass(frozen=True)
 class Method:
     """A federated method: its strategy class, its client class, and its own strategy arguments.
@@ -66,5 +92,6 @@ METHODS: dict[str, Method] = {
     "fedavg": Method(PersonalisedFedAvg, TorchClient, fedavg_arguments),
     "perfedavg": Method(PerFedAvg, PerFedAvgClient, perfedavg_arguments),
     "fathom": Method(Fathom, FathomClient, fathom_arguments),
+    "diffusion": Method(Diffusion, DiffusionClient, diffusion_arguments),
 }
 STRATEGY_NAMES = tuple(METHODS)

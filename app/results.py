@@ -12,6 +12,7 @@ import time
 from logging import INFO
 from pathlib import Path
 
+import numpy as np
 from flwr.common.logger import log
 
 
@@ -66,6 +67,12 @@ class ResultWriter:
         self.rounds.append(record)
         with self.metrics_path.open("a") as handle:
             handle.write(json.dumps(_jsonable(record)) + "\n")
+
+    def save_arrays(self, name: str, arrays: dict[str, np.ndarray]) -> None:
+        """``<run_dir>/<name>.npz``, written to a temporary name first so a reader never sees half a file."""
+        partial = self.run_dir / f"{name}.partial.npz"
+        np.savez_compressed(partial, **arrays)
+        partial.replace(self.run_dir / f"{name}.npz")
 
     def finish(self, summary: dict) -> None:
         payload = {"settings": self.settings, **summary, "results-dir": str(self.run_dir)}

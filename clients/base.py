@@ -31,6 +31,7 @@ ACCURACY = "accuracy"
 GLOBAL_ACCURACY = "global-accuracy"
 GLOBAL_LOSS = "global-loss"
 PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
 
 
 def round_generator(seed: int, partition_id: int, server_round: int, purpose: str) -> np.random.Generator:
@@ -54,16 +55,26 @@ class TorchClient(NumPyClient):
         This client's arrays.
     settings
         Default hyperparameters; a round's config dict may override them.
-    partition_id
-        This client's partition (reported through ``get_properties``).
+    partition_id, num_partitions
+        This client's partition and how many there are (reported through
+        ``get_properties``; 0 partitions = not known).
 
     """
 
-    def __init__(self, *, model: nn.Module, data: ClientData, settings: ClientSettings, partition_id: int) -> None:
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        data: ClientData,
+        settings: ClientSettings,
+        partition_id: int,
+        num_partitions: int = 0,
+    ) -> None:
         if settings.num_threads > 0:
             torch.set_num_threads(settings.num_threads)
         self.settings = settings
         self.partition_id = partition_id
+        self.num_partitions = num_partitions
         self.device = settings.torch_device()
         self.model = model.to(self.device)
         self.train_x = to_tensor(data.train_x, self.device)
@@ -76,7 +87,12 @@ class TorchClient(NumPyClient):
     def get_properties(self, config: dict) -> dict:
         """Partition and sizes; with a fit config, also check it suits this client's data."""
         self.check_settings(self.settings.updated(config))
-        return {PARTITION_ID: self.partition_id, "num-train": len(self.train_y), "num-test": len(self.test_y)}
+        return {
+            PARTITION_ID: self.partition_id,
+            NUM_PARTITIONS: self.num_partitions,
+            "num-train": len(self.train_y),
+            "num-test": len(self.test_y),
+        }
 
     def check_settings(self, settings: ClientSettings) -> None:
         """Raise ``ValueError`` if ``settings`` cannot work on this client's data (base: all can)."""
@@ -135,11 +151,7 @@ class TorchClient(NumPyClient):
             adapt_batch_size=settings.adapt_batch_size,
             rng=rng,
         )
-        metrics = {
-            ACCURACY: result.accuracy,
-            GLOBAL_ACCURACY: result.global_accuracy,
-            GLOBAL_LOSS: result.global_loss,
-            GRAD_EVALS: result.grad_evals,
-            PARTITION_ID: self.partition_id,
-        }
+        metrics = {GLOBAL_LOSS: result.global_loss, GRAD_EVALS: result.grad_evals, PARTITION_ID: self.partition_id}
+        if not self.test_y.is_floating_point():  # classifiers; least squares has losses only
+            metrics |= {ACCURACY: result.accuracy, GLOBAL_ACCURACY: result.global_accuracy}
         return result.loss, len(self.test_y), metrics

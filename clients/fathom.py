@@ -6,11 +6,10 @@ import math
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 from clients.base import TorchClient
 from clients.settings import ClientSettings
-from clients.training import TrainReport, batch_indices
+from clients.training import TrainReport, batch_indices, task_loss
 
 PHI = "phi"
 USED_BATCH = "used-batch-size"
@@ -49,7 +48,7 @@ class FathomClient(TorchClient):
         losses, running, phi = [], None, math.inf
         for idx in batch_indices(num, batch, steps, rng):
             index = torch.as_tensor(idx, device=self.train_x.device)
-            loss = F.cross_entropy(self.model(self.train_x[index]), self.train_y[index])
+            loss = task_loss(self.model(self.train_x[index]), self.train_y[index])
             grads = torch.autograd.grad(loss, params)
             flat = torch.cat([g.reshape(-1) for g in grads])
             running = flat.clone() if running is None else running + flat

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
-from torch.nn import functional as F
+
+from clients.training import task_loss
 
 VARIANTS = ("fo", "hf", "so")
 Params = tuple[Tensor, ...]
@@ -31,12 +32,12 @@ LossFn = Callable[[Params, Batch], Tensor]
 
 
 def model_loss(model: nn.Module) -> LossFn:
-    """Cross-entropy of ``model`` evaluated at the given parameters (in ``named_parameters`` order)."""
+    """The task loss of ``model`` at the given parameters (in ``named_parameters`` order)."""
     names = [name for name, _ in model.named_parameters()]
 
     def loss(params: Params, batch: Batch) -> Tensor:
         x, y = batch
-        return F.cross_entropy(functional_call(model, dict(zip(names, params, strict=True)), (x,)), y)
+        return task_loss(functional_call(model, dict(zip(names, params, strict=True)), (x,)), y)
 
     return loss
 

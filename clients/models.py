@@ -1,4 +1,4 @@
-"""The models stamen trains: ``mlp``, ``cnn``, ``cnn-small`` and ``logreg``."""
+"""The models stamen trains: ``mlp``, ``cnn``, ``cnn-small``, ``logreg`` and ``linear``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-MODELS = ("mlp", "cnn", "cnn-small", "logreg")
+MODELS = ("mlp", "cnn", "cnn-small", "logreg", "linear")
 IMAGE_MODELS = ("cnn", "cnn-small")
 # (conv1 channels, conv2 channels, hidden units): the LEAF network and a CPU-sized one
 # with a quarter of its channels and an eighth of its hidden layer (57,694 parameters
@@ -60,6 +60,17 @@ class LogReg(nn.Module):
         return self.layers(x)
 
 
+class Linear(nn.Module):
+    """``x . w`` with no bias: least squares on the flattened input (one real output)."""
+
+    def __init__(self, *, in_features: int) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Flatten(), nn.Linear(in_features, 1, bias=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
 def build_model(name: str, *, input_shape: tuple[int, ...], num_classes: int, seed: int = 0) -> nn.Module:
     """Build model ``name`` with a seeded initialisation, so server and tests agree.
 
@@ -83,6 +94,8 @@ def build_model(name: str, *, input_shape: tuple[int, ...], num_classes: int, se
                 widths=CNN_WIDTHS[name],
             )
         in_features = math.prod(input_shape)
+        if name == "linear":
+            return Linear(in_features=in_features)
         cls = Mlp if name == "mlp" else LogReg
         return cls(in_features=in_features, num_classes=num_classes)
 

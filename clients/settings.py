@@ -23,6 +23,7 @@ CONFIG_FIELDS = {
     "variant": "variant",
     "outer-batch-size": "outer_batch_size",
     "hessian-batch-size": "hessian_batch_size",
+    "mu": "mu",
 }
 
 
@@ -49,6 +50,8 @@ class ClientSettings:
         meta-gradient estimator (``fo``, ``hf``, ``so``).
     outer_batch_size, hessian_batch_size
         Per-FedAvg: sizes of ``D'`` and ``D''`` (``batch_size`` is ``D``).
+    mu
+        Diffusion: the local SGD step size of a participating agent.
     seed
         Base of every per-client, per-round generator.
     device
@@ -71,6 +74,7 @@ class ClientSettings:
     variant: str = "hf"
     outer_batch_size: int = 10
     hessian_batch_size: int = 10
+    mu: float = 0.05
     seed: int = 0
     device: str = "auto"
     num_threads: int = 1

@@ -12,6 +12,18 @@ from torch import nn
 from torch.nn import functional as F
 
 
+def task_loss(output: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy for class labels; half the squared error for real targets (least squares).
+
+    The task follows the labels' dtype, so one training loop serves classifiers and
+    the convex regression problems of the diffusion theory checks.
+    """
+    if target.is_floating_point():
+        squared = 0.5 * (output.reshape(target.shape) - target) ** 2
+        return squared.mean() if reduction == "mean" else squared.sum()
+    return F.cross_entropy(output, target, reduction=reduction)
+
+
 def to_tensor(x: np.ndarray, device: torch.device) -> torch.Tensor:
     """Inputs as float32 on ``device``; uint8 images are scaled to [0, 1]."""
     tensor = torch.from_numpy(np.ascontiguousarray(x))
@@ -62,7 +74,7 @@ def sgd_steps(
     losses, sample_grads = [], 0
     for idx in batches:
         index = torch.as_tensor(idx, device=x.device)
-        loss = F.cross_entropy(model(x[index]), y[index])
+        loss = task_loss(model(x[index]), y[index])
         grads = torch.autograd.grad(loss, tuple(model.parameters()))
         with torch.no_grad():
             for param, grad in zip(model.parameters(), grads, strict=True):
@@ -74,15 +86,17 @@ def sgd_steps(
 
 @torch.no_grad()
 def accuracy_and_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int = 2048) -> tuple[float, float]:
-    """Accuracy and mean cross-entropy of ``model`` on ``(x, y)``, in chunks."""
+    """Accuracy and mean loss of ``model`` on ``(x, y)``, in chunks (accuracy NaN for regression)."""
     model.eval()
     correct, total_loss = 0, 0.0
     for start in range(0, len(y), chunk):
-        logits = model(x[start : start + chunk])
+        output = model(x[start : start + chunk])
         target = y[start : start + chunk]
-        total_loss += F.cross_entropy(logits, target, reduction="sum").item()
-        correct += (logits.argmax(dim=1) == target).sum().item()
-    return correct / len(y), total_loss / len(y)
+        total_loss += task_loss(output, target, reduction="sum").item()
+        if not target.is_floating_point():
+            correct += (output.argmax(dim=1) == target).sum().item()
+    accuracy = float("nan") if y.is_floating_point() else correct / len(y)
+    return accuracy, total_loss / len(y)
 
 
 @dataclass(frozen=True)

@@ -212,7 +212,9 @@ def _paper(source: ArraySource, spec: PartitionSpec) -> list[ClientSplit]:
 
 def _natural(source: ArraySource, spec: PartitionSpec) -> list[ClientSplit]:
     if source.train_groups is None:
-        raise ValueError(f"partitioner 'natural' needs a dataset with users (femnist, synthetic); got {source.name!r}")
+        raise ValueError(
+            f"partitioner 'natural' needs a dataset with users (femnist, synthetic, least-squares); got {source.name!r}"
+        )
     _check_clients(spec.num_clients, len(source.train_groups), "users")
     train = list(source.train_groups[: spec.num_clients])
     if source.test_groups is None:

@@ -15,13 +15,16 @@ import numpy as np
 from datasets.base import ArraySource, ClientSplit
 from datasets.embedded import load_mnist_5k
 from datasets.leaf import FEMNIST_CLASSES, load_femnist
+from datasets.least_squares import DIMENSION as LEAST_SQUARES_DIMENSION
+from datasets.least_squares import make_least_squares
 from datasets.partition import PartitionSpec, partition
 from datasets.synthetic import DIMENSION as SYNTHETIC_DIMENSION
 from datasets.synthetic import NUM_CLASSES as SYNTHETIC_CLASSES
 from datasets.synthetic import make_synthetic
 from datasets.torchvision_sources import EMNIST_CLASSES, load_cifar10, load_mnist_family
 
-DATASETS = ("mnist-5k", "mnist", "fashion-mnist", "emnist", "cifar10", "femnist", "synthetic")
+DATASETS = ("mnist-5k", "mnist", "fashion-mnist", "emnist", "cifar10", "femnist", "synthetic", "least-squares")
+GENERATED = ("synthetic", "least-squares")  # one generated user per partition
 NEEDS_DATA_DIR = ("mnist", "fashion-mnist", "emnist", "cifar10", "femnist")
 EMNIST_SPLITS = tuple(EMNIST_CLASSES)
 
@@ -30,8 +33,8 @@ EMNIST_SPLITS = tuple(EMNIST_CLASSES)
 class DataSpec:
     """Which dataset to load and from where.
 
-    ``num_users`` matters only for ``synthetic`` (one generated device per client);
-    ``seed`` seeds the synthetic generator.
+    ``num_users`` matters only for the generated datasets (``synthetic``,
+    ``least-squares``: one user per client); ``seed`` seeds their generator.
     """
 
     name: str
@@ -65,6 +68,8 @@ def dataset_shape(spec: DataSpec) -> tuple[tuple[int, ...], int]:
         raise ValueError(f"dataset {spec.name!r} is not one of {DATASETS}")
     if spec.name == "synthetic":
         return (SYNTHETIC_DIMENSION,), SYNTHETIC_CLASSES
+    if spec.name == "least-squares":
+        return (LEAST_SQUARES_DIMENSION,), 0  # regression: no classes
     if spec.name == "cifar10":
         return (3, 32, 32), 10
     if spec.name == "femnist":
@@ -83,6 +88,10 @@ def load_source(spec: DataSpec) -> ArraySource:
         return load_mnist_5k()
     if spec.name == "synthetic":
         return make_synthetic(
+            alpha=spec.synthetic_alpha, beta=spec.synthetic_beta, num_users=spec.num_users, seed=spec.seed
+        )
+    if spec.name == "least-squares":
+        return make_least_squares(
             alpha=spec.synthetic_alpha, beta=spec.synthetic_beta, num_users=spec.num_users, seed=spec.seed
         )
     if not spec.data_dir:

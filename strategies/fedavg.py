@@ -99,6 +99,7 @@ class PersonalisedFedAvg(FedAvg):
         self.expected_shapes: list[tuple[int, ...]] = []
         self.round_record: dict = {}
         self.history: list[dict] = []
+        self.node_properties: dict[str, dict] = {}  # node id -> its answer to the preflight
         self.started = time.perf_counter()
 
     def __repr__(self) -> str:
@@ -129,6 +130,8 @@ class PersonalisedFedAvg(FedAvg):
                 raise RuntimeError(
                     f"stamen preflight: {len(problems)} of {len(proxies)} clients cannot start:\n{shown}"
                 )
+            answers = zip(proxies, outcomes, strict=True)
+            self.node_properties = {proxy.cid: dict(res.properties) for proxy, res in answers}
             log(INFO, "preflight: all %d connected clients accept the config", len(proxies))
         return super().initialize_parameters(client_manager)
 
@@ -155,12 +158,15 @@ class PersonalisedFedAvg(FedAvg):
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
         self.expected_shapes = [a.shape for a in parameters_to_ndarrays(parameters)]
-        self.round_record = {"round": server_round, "strategy": self.name, "_start": time.perf_counter()}
-        # the hyperparameters in force this round, before aggregation may change them
-        self.round_record.update({f"hp-{k}": v for k, v in self.hyperparameters().items()})
+        self.open_round(server_round)
         instructions = super().configure_fit(server_round, parameters, client_manager)
         self.round_record["clients-sampled"] = len(instructions)
         return instructions
+
+    def open_round(self, server_round: int) -> None:
+        """Start the round's record with the hyperparameters in force (before aggregation may change them)."""
+        self.round_record = {"round": server_round, "strategy": self.name, "_start": time.perf_counter()}
+        self.round_record.update({f"hp-{k}": v for k, v in self.hyperparameters().items()})
 
     def screen_fit_results(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]]
@@ -191,7 +197,7 @@ class PersonalisedFedAvg(FedAvg):
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         accepted, rejected = self.screen_fit_results(server_round, results)
         for failure in failures:
-            log(WARNING, "round %s: fit failed: %s", server_round, _describe_failure(failure))
+            log(WARNING, "round %s: fit failed: %s", server_round, describe_failure(failure))
         weighted = (
             accepted if self.aggregation == "examples" else [(p, replace(r, num_examples=1)) for p, r in accepted]
         )
@@ -258,7 +264,7 @@ class PersonalisedFedAvg(FedAvg):
             else:
                 log(WARNING, "round %s: rejected evaluate reply from node %s: %s", server_round, proxy.cid, problem)
         for failure in failures:
-            log(WARNING, "round %s: evaluate failed: %s", server_round, _describe_failure(failure))
+            log(WARNING, "round %s: evaluate failed: %s", server_round, describe_failure(failure))
         metrics = evaluation_summary(accepted)
         metrics["eval-clients-failed"] = len(results) - len(accepted) + len(failures)
         self.round_record.update(metrics)
@@ -287,9 +293,13 @@ def evaluation_summary(accepted: list[EvaluateRes]) -> dict[str, Scalar]:
     """Personalised and global accuracy (weighted mean and spread) over accepted replies."""
     weights = [res.num_examples for res in accepted]
     out: dict[str, Scalar] = {"eval-clients": len(accepted), "loss": weighted_mean([r.loss for r in accepted], weights)}
-    out.update(summarise("accuracy", [float(r.metrics["accuracy"]) for r in accepted], weights))
-    glob = [float(r.metrics.get("global-accuracy", np.nan)) for r in accepted]
-    out.update(summarise("global-accuracy", glob, weights))
+    out.update(summarise("global-loss", [float(r.metrics.get("global-loss", r.loss)) for r in accepted], weights))
+    classified = [r for r in accepted if "accuracy" in r.metrics]
+    if classified:  # regression clients report losses only
+        weights = [res.num_examples for res in classified]
+        out.update(summarise("accuracy", [float(r.metrics["accuracy"]) for r in classified], weights))
+        glob = [float(r.metrics.get("global-accuracy", np.nan)) for r in classified]
+        out.update(summarise("global-accuracy", glob, weights))
     return out
 
 
@@ -305,6 +315,8 @@ def progress_line(record: dict, num_rounds: int) -> str:
             f"personalised acc {record['accuracy']:.4f} (min {record['accuracy-min']:.3f}, "
             f"max {record['accuracy-max']:.3f}) global acc {record['global-accuracy']:.4f}"
         )
+    elif "loss" in record:
+        parts.append(f"test loss {record['loss']:.5f} (un-adapted {record['global-loss']:.5f})")
     parts.append(f"{record['round-seconds']:.2f} s")
     return " | ".join(parts)
 
@@ -347,7 +359,8 @@ def _ask_properties(proxy: ClientProxy, ins: GetPropertiesIns) -> object:
         return err
 
 
-def _describe_failure(failure: object) -> str:
+def describe_failure(failure: object) -> str:
+    """A failed reply or exception as one log-friendly line."""
     if isinstance(failure, BaseException):
         return f"{type(failure).__name__}: {failure}"
     proxy, res = failure  # a reply that arrived with an error status

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
+
 
 class Recorder(Protocol):
     """Receives one record per round and a summary at the end of the run."""
@@ -14,6 +16,9 @@ class Recorder(Protocol):
     def finish(self, summary: dict) -> None:
         """Store the end-of-run summary."""
 
+    def save_arrays(self, name: str, arrays: dict[str, np.ndarray]) -> None:
+        """Store named arrays under ``name`` (a run's topology, its agents' models)."""
+
 
 class NullRecorder:
     """A recorder that keeps records in memory only (tests, notebooks)."""
@@ -21,9 +26,13 @@ class NullRecorder:
     def __init__(self) -> None:
         self.rounds: list[dict] = []
         self.summary: dict | None = None
+        self.arrays: dict[str, dict[str, np.ndarray]] = {}
 
     def record_round(self, record: dict) -> None:
         self.rounds.append(record)
 
     def finish(self, summary: dict) -> None:
         self.summary = summary
+
+    def save_arrays(self, name: str, arrays: dict[str, np.ndarray]) -> None:
+        self.arrays[name] = arrays

@@ -9,6 +9,7 @@ off the graph. Agent ``k``'s new model is ``sum_l A[l, k] psi_l``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -166,6 +167,19 @@ def check_combination(matrix: np.ndarray, adjacency: np.ndarray) -> None:
 # --------------------------------------------------------------- mean behaviour
 
 
+def parse_probabilities(text: str) -> np.ndarray:
+    """Per-agent probabilities from ``"0.3,0.5,..."`` or from a file of numbers; each in (0, 1]."""
+    path = Path(text).expanduser()
+    body = path.read_text() if path.is_file() else text
+    try:
+        values = np.array([float(v) for v in body.replace(",", " ").split()])
+    except ValueError as err:
+        raise ValueError(f"{text!r} is neither a file nor comma-separated numbers") from err
+    if values.size == 0 or np.any((values <= 0) | (values > 1)):
+        raise ValueError(f"needs one or more numbers in (0, 1], got {values.tolist()}")
+    return values
+
+
 def neighbour_probabilities(value: float | np.ndarray, num_agents: int) -> np.ndarray:
     """``q_lk`` as a ``(K, K)`` matrix from one number or a matrix."""
     q = np.broadcast_to(np.asarray(value, dtype=np.float64), (num_agents, num_agents)).copy()
@@ -205,6 +219,30 @@ def perron_vector(matrix: np.ndarray) -> np.ndarray:
 def objective_weights(expected: np.ndarray, participation: np.ndarray) -> np.ndarray:
     """``p_bar_k q_k``, normalised to sum to 1: the weights of the objective the network converges to."""
     weights = perron_vector(expected) * participation
+    return weights / weights.sum()
+
+
+def limit_weights(matrix: np.ndarray, participation: np.ndarray, neighbour_q: np.ndarray) -> np.ndarray:
+    """The weights of the objective the network's limit minimises, exact to first order in ``mu``.
+
+    The seed's ``p_bar_k q_k`` treats an agent's step size and its self-weight as
+    independent, but eq. 9 ties them: a participant's self-weight ``1 - sum sampled``
+    multiplies its *updated* model, a non-participant's weight 1 multiplies its old
+    one. With ``p = p_bar`` (``A_bar p = p``), the ``p``-weighted mean of the models
+    is invariant under ``E[A_i]``, so at consensus its drift must vanish:
+    ``sum_l (sum_k p_k E[a_lk,i 1{l took part}]) grad J_l(w) = 0``. For ``k != l`` the
+    expectation is ``q_k q_lk a_lk q_l``; for ``k = l`` it is ``q_l (1 - s_l)`` with
+    ``s_l = sum_{m != l} q_ml a_ml``. Using row ``l`` of ``A_bar p = p`` this is
+
+        pi_l  proportional to  p_l q_l (1 - (1 - q_l) s_l)
+
+    which equals ``p_l q_l`` when every ``q_l = 1`` (or no neighbour is ever kept)
+    and differs otherwise. Normalised to sum to 1.
+    """
+    expected = expected_matrix(matrix, participation, neighbour_q)
+    kept = matrix * neighbour_q
+    np.fill_diagonal(kept, 0.0)
+    weights = perron_vector(expected) * participation * (1.0 - (1.0 - participation) * kept.sum(axis=0))
     return weights / weights.sum()
 
 
@@ -257,3 +295,104 @@ def combine(sampled: np.ndarray, psi: np.ndarray) -> np.ndarray:
 def disagreement(models: np.ndarray) -> float:
     """Mean squared distance of the agents' models (rows) to their mean."""
     return float(np.mean(np.sum((models - models.mean(axis=0)) ** 2, axis=1)))
+
+
+# ------------------------------------------------------------------- a network
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkSettings:
+    """How to build the agents' network (the run-config keys of the same names)."""
+
+    mode: str = "diffusion"
+    graph: str = "ring"
+    edge_probability: float = 0.3
+    graph_file: str = ""
+    combination: str = "metropolis"
+    combination_file: str = ""
+    participation: float = 1.0
+    participation_per_agent: str = ""
+    neighbour_probability: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class Network:
+    """A built network: graph, combination matrix, probabilities and the weights of the limit.
+
+    ``weights`` are the seed's ``p_bar_k q_k`` and ``limit_weights`` the first-order
+    exact ones of :func:`limit_weights` (normalised). ``expected`` is ``A_bar`` in
+    ``diffusion`` mode; in ``fedavg`` / ``fedsgd`` mode every draw is doubly
+    stochastic (seed eq. 14-15), ``p_bar`` is uniform and both weightings are
+    ``q_k / sum q`` (a participant's row of the draw sums to 1); ``expected`` is then
+    ``None``.
+    """
+
+    mode: str
+    adjacency: np.ndarray
+    matrix: np.ndarray
+    participation: np.ndarray
+    neighbour_q: np.ndarray
+    expected: np.ndarray | None
+    weights: np.ndarray
+    limit_weights: np.ndarray
+
+    @property
+    def num_agents(self) -> int:
+        return len(self.participation)
+
+    def draw(self, participating: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The combination matrix of one iteration, given the agents whose update arrived."""
+        if self.mode == "diffusion":
+            return sampled_combination(self.matrix, participating, self.neighbour_q, rng)
+        return fedavg_combination(participating)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Everything about the network as arrays (for ``topology.npz``)."""
+        out = {"adjacency": self.adjacency, "matrix": self.matrix, "participation": self.participation,
+               "neighbour_q": self.neighbour_q, "weights": self.weights,
+               "limit_weights": self.limit_weights}  # fmt: skip
+        if self.expected is not None:
+            out["expected"] = self.expected
+        return out
+
+
+def build_network(settings: NetworkSettings, num_agents: int) -> Network:
+    """Graph, combination matrix, ``q_k``, ``q_lk``, ``A_bar`` and the objective weights for K agents.
+
+    Raises
+    ------
+    ValueError
+        For an unknown mode, a graph or matrix that cannot be used, or per-agent
+        participation with a count other than K.
+
+    """
+    if settings.mode not in MODES:
+        raise ValueError(f"mode {settings.mode!r} is not one of {list(MODES)}")
+    if settings.participation_per_agent:
+        participation = parse_probabilities(settings.participation_per_agent)
+        if len(participation) != num_agents:
+            raise ValueError(
+                f"participation-per-agent has {len(participation)} values but the federation has {num_agents} agents"
+            )
+    else:
+        if not 0.0 <= settings.participation <= 1.0:
+            raise ValueError(f"participation must be in [0, 1], got {settings.participation}")
+        participation = np.full(num_agents, settings.participation)
+    if np.any(participation <= 0):
+        raise ValueError(
+            f"participation: agent {int(np.argmin(participation))} never takes part (q_k = 0); every q_k must be > 0"
+        )
+    neighbour_q = neighbour_probabilities(settings.neighbour_probability, num_agents)
+    if settings.mode != "diffusion":
+        adjacency = np.ones((num_agents, num_agents), dtype=bool)
+        matrix = np.full((num_agents, num_agents), 1.0 / num_agents)
+        weights = participation / participation.sum()
+        return Network(settings.mode, adjacency, matrix, participation, neighbour_q, None, weights, weights)
+    adjacency = make_graph(settings.graph, num_agents, edge_probability=settings.edge_probability,
+                           seed=settings.seed, path=settings.graph_file)  # fmt: skip
+    matrix = combination_matrix(settings.combination, adjacency, path=settings.combination_file)
+    expected = expected_matrix(matrix, participation, neighbour_q)
+    weights = objective_weights(expected, participation)
+    exact = limit_weights(matrix, participation, neighbour_q)
+    return Network(settings.mode, adjacency, matrix, participation, neighbour_q, expected, weights, exact)

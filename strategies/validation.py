@@ -60,11 +60,12 @@ def fit_reply_problem(
 
 
 def evaluate_reply_problem(loss: float, num_examples: int, metrics: Mapping[str, object]) -> str | None:
-    """Why an evaluation reply must be rejected, or ``None`` when it may be aggregated."""
+    """Why an evaluation reply must be rejected, or ``None`` when it may be aggregated.
+
+    Classifiers report accuracies; regression clients (least squares) report losses only.
+    """
     if not math.isfinite(loss) or not 0.0 <= loss <= MAX_REASONABLE_LOSS:
         return f"loss {loss} is not a finite value in [0, {MAX_REASONABLE_LOSS:g}]"
     if num_examples <= 0:
         return f"non-positive example count {num_examples}"
-    if "accuracy" not in metrics:
-        return "no 'accuracy' metric"
     return metrics_problem(metrics)

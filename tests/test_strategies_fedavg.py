@@ -98,7 +98,8 @@ def test_evaluate_reply_checks():
     assert evaluate_reply_problem(0.3, 5, {"accuracy": 0.9}) is None
     assert "outside [0, 1]" in evaluate_reply_problem(0.3, 5, {"accuracy": 1.2})
     assert "not a finite" in evaluate_reply_problem(float("nan"), 5, {"accuracy": 0.5})
-    assert "no 'accuracy'" in evaluate_reply_problem(0.3, 5, {})
+    assert evaluate_reply_problem(0.3, 5, {}) is None  # a regression reply: its loss only
+    assert "not finite" in evaluate_reply_problem(0.3, 5, {"global-loss": float("inf")})
 
 
 def test_personalised_metrics_are_weighted_with_spread_and_bad_ones_dropped():

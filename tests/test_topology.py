@@ -13,6 +13,7 @@ from strategies.topology import (
     expected_matrix,
     fedavg_combination,
     is_connected,
+    limit_weights,
     make_graph,
     neighbour_probabilities,
     objective_weights,
@@ -175,3 +176,17 @@ def test_combine_and_disagreement():
     assert disagreement(np.ones((4, 3))) == 0.0
     models = np.array([[1.0, 0.0], [-1.0, 0.0]])
     assert disagreement(models) == pytest.approx(1.0)
+
+
+def test_limit_weights_closed_form():
+    adjacency = make_graph("star", 4)
+    matrix = combination_matrix("uniform", adjacency)
+    q = np.array([1.0, 0.5, 0.5, 0.5])
+    ones = neighbour_probabilities(1.0, 4)
+    # p_bar is uniform here (p_k q_k proportional to n_k = (4, 2, 2, 2)); s = (3/4, 1/2, 1/2, 1/2);
+    # pi proportional to p q (1 - (1 - q) s) = (1, .5 * .75, ...) = (8, 3, 3, 3) / 17
+    assert np.allclose(limit_weights(matrix, q, ones), np.array([8, 3, 3, 3]) / 17)
+    # everyone always takes part: the seed's weights are exact
+    full = np.ones(4)
+    expected = expected_matrix(matrix, full, ones)
+    assert np.allclose(limit_weights(matrix, full, ones), objective_weights(expected, full))

@@ -1,0 +1,71 @@
+"""What the benchmark scripts share: intervals over seeds, a resumable run log, run records.
+
+Import it after putting the repository on ``sys.path`` (the scripts do so first).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import statistics
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}  # Student t quantiles, df = seeds - 1
+
+
+def interval(values: list[float]) -> tuple[float, float]:
+    """Mean and half-width of the 95% t-interval (half-width 0 for one value)."""
+    mean = statistics.mean(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, T_975[len(values) - 1] * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def machine() -> str:
+    """The machine and software a result was measured with."""
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return f"{platform.machine()}, python {platform.python_version()}, torch {torch.__version__}, {device}"
+
+
+def read_records(run_dir: Path) -> tuple[list[dict], dict]:
+    """A finished run's per-round records (``metrics.jsonl``) and its ``summary.json``."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return records, json.loads((run_dir / "summary.json").read_text())
+
+
+class RunLog:
+    """Finished runs appended one JSON line each, so a long benchmark resumes where it stopped.
+
+    Parameters
+    ----------
+    path
+        The ``.jsonl`` file (created on the first append).
+    key_fields
+        The fields of a result that identify its run; a run whose key is already in the
+        log is not run again.
+
+    """
+
+    def __init__(self, *, path: Path, key_fields: tuple[str, ...]) -> None:
+        self.path = path
+        self.key_fields = key_fields
+        lines = path.read_text().splitlines() if path.exists() else []
+        self.results = {self.key(r): r for r in map(json.loads, lines)}
+
+    def key(self, fields: dict) -> str:
+        return "|".join(str(fields[k]) for k in self.key_fields)
+
+    def get(self, fields: dict) -> dict | None:
+        """The recorded result of the run these fields identify, if any."""
+        return self.results.get(self.key(fields))
+
+    def append(self, result: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(result) + "\n")
+        self.results[self.key(result)] = result
