@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,6 +43,9 @@ sys.path.insert(0, str(REPO))
 from app.launcher import LocalSimulation  # noqa: E402
 from clients.meta import meta_gradient, model_loss  # noqa: E402
 from clients.models import build_model  # noqa: E402
+from clients.perfedavg import PerFedAvgClient  # noqa: E402
+from clients.settings import ClientSettings  # noqa: E402
+from datasets import ClientData  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "mnist-10k"
 NUM_USERS, IMAGES_PER_CLASS, BATCH = 50, 34, 40
@@ -155,8 +159,14 @@ def interval(values: list[float]) -> tuple[float, float]:
     return mean, T_975[len(values) - 1] * statistics.stdev(values) / math.sqrt(len(values))
 
 
-def step_costs(repeats: int = 15, steps: int = 50) -> dict:
-    """Median wall time of one local meta-step per variant (MLP, batches of 40), interleaved."""
+def step_costs(repeats: int = 41, steps: int = 20) -> dict:
+    """Wall time per variant of one meta-gradient and of one local step, interleaved; medians.
+
+    A local step is what ``PerFedAvgClient`` does tau times a round: draw D, D', D''
+    (40 each), compute the meta-gradient, update the parameters; it is timed through
+    the client's own ``local_train`` on 200 random images. The meta-gradient alone
+    is timed on fixed batches.
+    """
     torch.set_num_threads(1)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = build_model("mlp", input_shape=(1, 28, 28), num_classes=10).to(device)
@@ -170,27 +180,43 @@ def step_costs(repeats: int = 15, steps: int = 50) -> dict:
     )
     params = tuple(p.detach() for p in model.parameters())
     loss = model_loss(model)
-    times: dict[str, list[float]] = {v: [] for v in ("fo", "hf", "so")}
-    for _ in range(3):  # warm-up
-        for variant in times:
+    images = np.random.default_rng(0).integers(0, 256, (200, 1, 28, 28), dtype=np.uint8)
+    labels = np.random.default_rng(1).integers(0, 10, 200)
+    data = ClientData(train_x=images, train_y=labels, test_x=images[:10], test_y=labels[:10], num_classes=10)
+    client = PerFedAvgClient(model=model, data=data, settings=ClientSettings(), partition_id=0)
+    variants = ("fo", "hf", "so")
+    local = {v: ClientSettings(variant=v, alpha=0.01, beta=0.01, local_steps=steps, batch_size=BATCH,
+                               outer_batch_size=BATCH, hessian_batch_size=BATCH) for v in variants}  # fmt: skip
+    rng = np.random.default_rng(0)
+
+    def meta(variant: str) -> None:
+        for _ in range(steps):
             meta_gradient(loss, params, batches, alpha=0.01, variant=variant)
-    for _ in range(repeats):
-        for variant in times:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(steps):
-                meta_gradient(loss, params, batches, alpha=0.01, variant=variant)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            times[variant].append((time.perf_counter() - start) / steps)
-    med = {v: statistics.median(t) for v, t in times.items()}
-    return {
-        "device": device.type,
-        "median-seconds": med,
-        "hf/fo": med["hf"] / med["fo"],
-        "so/fo": med["so"] / med["fo"],
-    }
+
+    def step(variant: str) -> None:
+        client.local_train(local[variant], rng)
+
+    times: dict[str, dict[str, list[float]]] = {"meta-gradient": {v: [] for v in variants},
+                                                 "local-step": {v: [] for v in variants}}  # fmt: skip
+    for repeat in range(repeats + 2):  # the first two are warm-up
+        for kind, run in (("meta-gradient", meta), ("local-step", step)):
+            for variant in variants:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                run(variant)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                if repeat >= 2:
+                    times[kind][variant].append((time.perf_counter() - start) / steps)
+    out: dict = {"device": device.type, "repeats": repeats, "steps-per-repeat": steps}
+    for kind, per_variant in times.items():
+        med = {v: statistics.median(t) for v, t in per_variant.items()}
+        # ratios within each repeat (measured seconds apart), then their median: robust to drifts in load
+        ratios = {f"{v}/fo": statistics.median(a / b for a, b in zip(per_variant[v], per_variant["fo"], strict=True))
+                  for v in ("hf", "so")}  # fmt: skip
+        out[kind] = {"median-seconds": med, **ratios}
+    return out
 
 
 def markdown(report: dict) -> str:
@@ -222,13 +248,15 @@ def markdown(report: dict) -> str:
             hvps = statistics.median(x["hvp-evals-per-round"] for x in c["runs"])
             cells.append(f"{seconds:.2f} s, {grads:.0f}" + (f" + {hvps:.0f}" if hvps else ""))
         lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
-    sc = report["step-cost"]
-    lines += [
-        "",
-        f"One local step on the MLP, batches of 40 ({sc['device']}, medians): "
-        f"fo {1e3 * sc['median-seconds']['fo']:.2f} ms, hf {1e3 * sc['median-seconds']['hf']:.2f} ms "
-        f"({sc['hf/fo']:.2f}x fo), so {1e3 * sc['median-seconds']['so']:.2f} ms ({sc['so/fo']:.2f}x fo).",
-    ]
+    lines.append("")
+    for kind, what in (("local-step", "One local step (draw D, D', D'', meta-gradient, update)"),
+                       ("meta-gradient", "The meta-gradient alone")):  # fmt: skip
+        sc, sec = report["step-cost"][kind], report["step-cost"][kind]["median-seconds"]
+        lines.append(
+            f"{what} on the MLP, batches of 40 ({report['step-cost']['device']}, medians): fo {1e3 * sec['fo']:.2f} "
+            f"ms, hf {1e3 * sec['hf']:.2f} ms ({sc['hf/fo']:.2f}x fo), so {1e3 * sec['so']:.2f} ms "
+            f"({sc['so/fo']:.2f}x fo)."
+        )
     return "\n".join(lines) + "\n"
 
 
