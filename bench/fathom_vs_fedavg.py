@@ -277,7 +277,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one seed, 30 rounds, no grid (lr 0.1, batch 16)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--rounds", type=int, default=150)
+    parser.add_argument("--rounds", type=int, default=120)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--report-only", action="store_true", help="the report from the recorded runs, no new runs")
     parser.add_argument("--data-dir", type=Path, default=SHARED_DATA / "femnist-leaf")

@@ -65,7 +65,8 @@ def write_leaf(folder, writers, rng, offset):
         (folder / f"all_data_{shard}_niid.json").write_text(json.dumps(blob))
 
 
-def test_leaf_loader_keeps_each_writer_as_one_natural_group(tmp_path):
+def test_leaf_loader_keeps_each_writer_as_one_natural_group(tmp_path, monkeypatch):
+    monkeypatch.setenv("STAMEN_CACHE_DIR", str(tmp_path / "cache"))
     rng = np.random.default_rng(1)
     writers = ["f_b", "f_a", "f_ccc", "f_dd"]
     write_leaf(tmp_path / "train", writers, rng, offset=4)
@@ -77,6 +78,29 @@ def test_leaf_loader_keeps_each_writer_as_one_natural_group(tmp_path):
     assert [len(g) for g in source.test_groups] == [3 + len(w) for w in ordered]
     first_train = json.loads((tmp_path / "train" / "all_data_0_niid.json").read_text())["user_data"]["f_a"]
     np.testing.assert_allclose(source.train_x[source.train_groups[0]].reshape(-1, 784), first_train["x"], rtol=1e-6)
+
+
+def test_leaf_loader_keeps_parsed_arrays_in_its_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("STAMEN_CACHE_DIR", str(tmp_path / "cache"))
+    rng = np.random.default_rng(2)
+    writers = ["f_b", "f_a", "f_c"]
+    write_leaf(tmp_path / "data" / "train", writers, rng, offset=4)
+    write_leaf(tmp_path / "data" / "test", writers, rng, offset=0)
+    parsed = load_femnist(tmp_path / "data")
+    assert len(list((tmp_path / "cache").glob("femnist-*.npz"))) == 1
+    cached = load_femnist(tmp_path / "data")
+    for name in ("train_x", "train_y", "test_x", "test_y"):
+        np.testing.assert_array_equal(getattr(cached, name), getattr(parsed, name))
+    for a, b in zip(cached.train_groups + cached.test_groups, parsed.train_groups + parsed.test_groups, strict=True):
+        np.testing.assert_array_equal(a, b)
+    # a changed file is a new entry, not a stale read
+    path = tmp_path / "data" / "test" / "all_data_1_niid.json"
+    blob = json.loads(path.read_text())
+    blob["user_data"]["f_c"]["y"][0] = (blob["user_data"]["f_c"]["y"][0] + 1) % 62
+    path.write_text(json.dumps(blob) + " ")
+    changed = load_femnist(tmp_path / "data")
+    assert changed.test_y[changed.test_groups[2][0]] != parsed.test_y[parsed.test_groups[2][0]]
+    assert len(list((tmp_path / "cache").glob("femnist-*.npz"))) == 2
 
 
 def test_leaf_loader_without_files_says_where(tmp_path):
