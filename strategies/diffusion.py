@@ -30,7 +30,7 @@ class Diffusion(PersonalisedFedAvg):
     """Asynchronous diffusion with random participation and neighbour subsampling (ALGORITHMS.md section 3).
 
     The server plays the network: it holds one model per agent (agent = partition,
-    float32, ``4 x parameters`` bytes each), maps each Flower node to its agent
+    float32, ``4 x parameters`` bytes each, twice that while combining), maps each Flower node to its agent
     through the node's ``partition-id`` (asked once per new node), and every round
 
     1. draws who takes part (agent k with probability ``q_k``) and sends each
@@ -162,7 +162,7 @@ class Diffusion(PersonalisedFedAvg):
         accepted, rejected = self.screen_fit_results(server_round, results)
         for failure in failures:
             log(WARNING, "round %s: fit failed: %s", server_round, describe_failure(failure))
-        psi = self.agents.copy()
+        psi = self.agents  # updated in place: an agent without an accepted reply keeps psi_k = w_k
         took_part = np.zeros(self.network.num_agents, dtype=bool)
         for proxy, res in accepted:
             agent = self.node_agent[proxy.cid]

@@ -292,9 +292,18 @@ def combine(sampled: np.ndarray, psi: np.ndarray) -> np.ndarray:
     return out
 
 
-def disagreement(models: np.ndarray) -> float:
-    """Mean squared distance of the agents' models (rows) to their mean."""
-    return float(np.mean(np.sum((models - models.mean(axis=0)) ** 2, axis=1)))
+def disagreement(models: np.ndarray, chunk: int = 8) -> float:
+    """Mean squared distance of the agents' models (rows) to their mean.
+
+    Computed ``chunk`` rows at a time, so the server never holds another copy of
+    all the models for it.
+    """
+    mean = models.mean(axis=0, dtype=np.float64)
+    total = 0.0
+    for start in range(0, len(models), chunk):
+        diff = models[start : start + chunk] - mean
+        total += float(np.einsum("ij,ij->", diff, diff))
+    return total / len(models)
 
 
 # ------------------------------------------------------------------- a network

@@ -1,0 +1,108 @@
+"""The diffusion server's memory: bytes held per agent, and the peak while combining, per model.
+
+For each model, builds the ``Diffusion`` strategy for K agents (ring, Metropolis),
+feeds it one round of replies from every agent (in process, no Flower engine: the
+strategy's own arrays are what is measured), and reports the bytes of the agents'
+models it holds and how far ``aggregate_fit`` raises the peak of traced allocations
+(``tracemalloc``) above what was held before it (agents' models and the replies).
+Writes ``bench/results/diffusion_memory.json`` and prints a table.
+
+    python bench/diffusion_memory.py            # K = 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tracemalloc
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from flwr.common import Code, FitRes, GetPropertiesRes, Status, ndarrays_to_parameters  # noqa: E402
+from flwr.server.client_manager import SimpleClientManager  # noqa: E402
+from flwr.server.client_proxy import ClientProxy  # noqa: E402
+
+from bench.common import machine  # noqa: E402
+from clients.models import build_model, parameter_count  # noqa: E402
+from strategies.diffusion import Diffusion  # noqa: E402
+from strategies.topology import NetworkSettings  # noqa: E402
+
+MODELS = (("linear", (10,), 0), ("logreg", (1, 28, 28), 10), ("mlp", (1, 28, 28), 10),
+          ("cnn-small", (1, 28, 28), 62), ("cnn", (1, 28, 28), 62))  # fmt: skip
+OK = Status(Code.OK, "")
+
+
+class Agent(ClientProxy):
+    """A node that only says which agent it is."""
+
+    def __init__(self, cid: str, agent: int, num_agents: int) -> None:
+        super().__init__(cid)
+        self.properties = {"partition-id": agent, "num-partitions": num_agents}
+
+    def get_properties(self, ins, timeout, group_id):
+        return GetPropertiesRes(OK, self.properties)
+
+    def get_parameters(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def fit(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def evaluate(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def reconnect(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+
+def measure(name: str, shape: tuple[int, ...], classes: int, agents: int) -> dict:
+    model = build_model(name, input_shape=shape, num_classes=classes)
+    arrays = [v.detach().numpy() for v in model.state_dict().values()]
+    manager = SimpleClientManager()
+    for k in range(agents):
+        manager.register(Agent(f"n{k}", k, agents))
+    strategy = Diffusion(network=NetworkSettings(), mu=0.1, local_steps=1, batch_size=1, num_rounds=1,
+                         min_available_clients=agents, initial_parameters=ndarrays_to_parameters(arrays))  # fmt: skip
+    tracemalloc.start()
+    strategy.initialize_parameters(manager)
+    instructions = strategy.configure_fit(1, None, manager)
+    replies = [(proxy, FitRes(OK, ndarrays_to_parameters(arrays), 1, {})) for proxy, _ in instructions]
+    before = tracemalloc.get_traced_memory()[0]  # the agents' models, the replies and everything else so far
+    tracemalloc.reset_peak()
+    strategy.aggregate_fit(1, replies, [])
+    peak = tracemalloc.get_traced_memory()[1] - before
+    tracemalloc.stop()
+
+    params = parameter_count(model)
+    return {
+        "model": name,
+        "parameters": params,
+        "bytes-per-agent": int(strategy.agents[0].nbytes),
+        "agents": agents,
+        "held-bytes": int(strategy.agents.nbytes),
+        "aggregation-peak-extra-bytes": int(peak),
+        "peak-per-agent": peak / agents,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, default=200)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "diffusion_memory.json")
+    args = parser.parse_args()
+    rows = [measure(name, shape, classes, args.agents) for name, shape, classes in MODELS]
+    args.out.write_text(json.dumps({"machine": machine(), "rows": rows}, indent=1) + "\n")
+    print(f"| model | parameters | bytes per agent | held for {args.agents} agents | extra peak while combining |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| `{r['model']}` | {r['parameters']:,} | {r['bytes-per-agent']:,} | {r['held-bytes'] / 2**20:,.1f} MiB "
+            f"| {r['aggregation-peak-extra-bytes'] / 2**20:,.1f} MiB |"
+        )
+
+
+if __name__ == "__main__":
+    main()
