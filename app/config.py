@@ -43,6 +43,7 @@ class Settings:
     min_fit_clients: int = 2
     min_available_clients: int = 2
     eval_every: int = 10
+    central_eval: bool = False
     aggregation: str = "uniform"
     seed: int = _CLIENT_DEFAULTS.seed
     # data
@@ -287,6 +288,10 @@ def _check_combination(s: Settings) -> None:
             f"run config key 'model': {s.model!r} needs images; dataset {s.dataset!r} has feature vectors"
         )
     _check_diffusion(s)
+    if s.central_eval and s.dataset in GENERATED:
+        raise ConfigError(
+            f"run config key 'central-eval': needs a dataset with its own test set; {s.dataset!r} has none"
+        )
     if (s.model == "linear") != (s.dataset == "least-squares"):
         raise ConfigError(
             "run config key 'model': dataset 'least-squares' (real targets) and model 'linear' go together; "

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from logging import INFO
 
+import numpy as np
+import torch
 from flwr.common import Context, ndarrays_to_parameters
 from flwr.common.logger import log
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
@@ -13,7 +16,25 @@ from app.registry import METHODS, STRATEGY_NAMES
 from app.results import ResultWriter, run_directory
 from clients import build_model
 from clients.models import parameter_count
-from datasets import dataset_shape
+from clients.training import accuracy_and_loss, to_tensor
+from datasets import dataset_shape, load_source
+
+
+def central_evaluator(settings: Settings) -> Callable[[list[np.ndarray]], dict[str, float]]:
+    """Accuracy and loss of a global model on the dataset's whole test set, on the server's device."""
+    source = load_source(settings.data_spec())
+    device = settings.client_settings().torch_device()
+    model = build_model(settings.model, input_shape=source.input_shape, num_classes=source.num_classes)
+    model.to(device)
+    test_x, test_y = to_tensor(source.test_x, device), torch.as_tensor(source.test_y, device=device)
+    keys = list(model.state_dict())
+
+    def evaluate(arrays: list[np.ndarray]) -> dict[str, float]:
+        model.load_state_dict({k: torch.as_tensor(a) for k, a in zip(keys, arrays, strict=True)})
+        accuracy, loss = accuracy_and_loss(model, test_x, test_y)
+        return {"accuracy": accuracy, "loss": loss}
+
+    return evaluate
 
 
 def strategy_arguments(settings: Settings) -> dict:
@@ -39,6 +60,7 @@ def strategy_arguments(settings: Settings) -> dict:
         "min_evaluate_clients": settings.min_fit_clients,
         "min_available_clients": settings.min_available_clients,
         "initial_parameters": ndarrays_to_parameters(arrays),
+        "central_evaluation": central_evaluator(settings) if settings.central_eval else None,
     }
 
 

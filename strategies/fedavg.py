@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from logging import INFO, WARNING
@@ -59,6 +60,11 @@ class PersonalisedFedAvg(FedAvg):
     aggregation
         ``examples`` weighs each returned model by its example count (FedAvg);
         ``uniform`` averages them equally (the Per-FedAvg paper's Algorithm 1).
+    central_evaluation
+        Optional: maps the global model's arrays to metrics (``accuracy``,
+        ``loss``) computed on the server; called after every round's aggregation
+        and recorded as ``central-*`` (benchmarks; a deployment's server rarely
+        holds test data).
     preflight
         Ask every connected client for its properties (with the first round's fit
         config) before the first round, and stop the run with the clients' errors
@@ -80,6 +86,7 @@ class PersonalisedFedAvg(FedAvg):
         name: str = "fedavg",
         aggregation: str = "examples",
         preflight: bool = True,
+        central_evaluation: Callable[[list[np.ndarray]], dict[str, float]] | None = None,
         **fedavg_kwargs,
     ) -> None:
         if eval_every < 1:
@@ -91,6 +98,7 @@ class PersonalisedFedAvg(FedAvg):
         self.name = name
         self.aggregation = aggregation
         self.preflight = preflight
+        self.central_evaluation = central_evaluation
         self.num_rounds = num_rounds
         self.base_fit_config = dict(fit_config or {})
         self.base_evaluate_config = dict(evaluate_config or {})
@@ -236,6 +244,14 @@ class PersonalisedFedAvg(FedAvg):
 
     # ---------------------------------------------------------------- evaluation
 
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        """Server-side evaluation of the global model after each round, when a central evaluation is given."""
+        if self.central_evaluation is None or server_round == 0:
+            return None
+        metrics = self.central_evaluation(parameters_to_ndarrays(parameters))
+        self.round_record.update({f"central-{k}": v for k, v in metrics.items()})
+        return metrics["loss"], metrics
+
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
@@ -317,6 +333,8 @@ def progress_line(record: dict, num_rounds: int) -> str:
         )
     elif "loss" in record:
         parts.append(f"test loss {record['loss']:.5f} (un-adapted {record['global-loss']:.5f})")
+    if "central-accuracy" in record:
+        parts.append(f"central acc {record['central-accuracy']:.4f}")
     parts.append(f"{record['round-seconds']:.2f} s")
     return " | ".join(parts)
 

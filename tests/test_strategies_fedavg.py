@@ -13,6 +13,7 @@ from flwr.common import (
 from flwr.server.client_manager import SimpleClientManager
 
 from strategies import NullRecorder, PerFedAvg, PersonalisedFedAvg
+from strategies.fedavg import progress_line
 from strategies.summaries import summarise, weighted_mean
 from strategies.validation import evaluate_reply_problem, fit_reply_problem
 
@@ -214,3 +215,24 @@ def test_perfedavg_broadcasts_its_hyperparameters_and_adapts_with_alpha():
 def test_perfedavg_refuses_bad_hyperparameters(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PerFedAvg(**{"alpha": 0.1, "beta": 0.1, "num_rounds": 1, **kwargs})
+
+
+def test_central_evaluation_is_recorded_every_round_on_the_aggregated_model():
+    strategy, manager, proxies, recorder = make_strategy(num_rounds=2, eval_every=2)
+    seen = []
+
+    def central(arrays):
+        seen.append([a.copy() for a in arrays])
+        return {"accuracy": 0.25, "loss": float(arrays[0].sum())}
+
+    strategy.central_evaluation = central
+    assert strategy.evaluate(0, strategy.initial_parameters) is None  # Flower's call before round 1
+    strategy.configure_fit(1, strategy.initial_parameters, manager)
+    replies = [(proxies[0], fit_res(arrays(2.0), 5)), (proxies[1], fit_res(arrays(4.0), 5))]
+    params, _ = strategy.aggregate_fit(1, replies, [])
+    loss, metrics = strategy.evaluate(1, params)
+    np.testing.assert_allclose(seen[0][0], 3.0)  # the aggregate (5 examples each)
+    assert loss == metrics["loss"] == pytest.approx(3.0 * 6)
+    strategy.configure_evaluate(1, params, manager)  # not an evaluation round: the record closes
+    assert recorder.rounds[0]["central-accuracy"] == 0.25
+    assert "central acc 0.2500" in progress_line(recorder.rounds[0], 2)
