@@ -19,7 +19,7 @@ from datasets import DATASETS, EMNIST_SPLITS, NEEDS_DATA_DIR, PAPER_VARIANTS, PA
 from datasets.registry import GENERATED
 from strategies.fathom_math import LOCAL_TERMS, FathomSettings
 from strategies.fedavg import AGGREGATIONS
-from strategies.topology import COMBINATIONS, GRAPHS, MODES, parse_probabilities
+from strategies.topology import COMBINATIONS, GRAPHS, MODES, NetworkSettings, parse_probabilities
 
 DEVICES = ("auto", "cpu", "cuda")
 NATURAL_DATASETS = ("femnist", "synthetic", "least-squares")
@@ -146,6 +146,10 @@ class Settings:
             batch_bounds=(self.batch_min, self.batch_max),
             local_term=self.local_term,
         )
+
+    def network_settings(self) -> NetworkSettings:
+        """Diffusion's network: graph, combination rule, probabilities, mode (same-named fields)."""
+        return NetworkSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(NetworkSettings)})
 
     def client_settings(self) -> ClientSettings:
         """The client-side hyperparameters."""

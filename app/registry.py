@@ -13,7 +13,6 @@ from clients.perfedavg import PerFedAvgClient
 from strategies import PerFedAvg, PersonalisedFedAvg
 from strategies.diffusion import Diffusion
 from strategies.fathom import Fathom
-from strategies.topology import NetworkSettings
 
 
 def fedavg_arguments(settings: Settings) -> dict:
@@ -54,20 +53,8 @@ def fathom_arguments(settings: Settings) -> dict:
 
 def diffusion_arguments(settings: Settings) -> dict:
     """The network (built once the agents are known), the agents' local SGD and snapshots."""
-    network = NetworkSettings(
-        mode=settings.mode,
-        graph=settings.graph,
-        edge_probability=settings.edge_probability,
-        graph_file=settings.graph_file,
-        combination=settings.combination,
-        combination_file=settings.combination_file,
-        participation=settings.participation,
-        participation_per_agent=settings.participation_per_agent,
-        neighbour_probability=settings.neighbour_probability,
-        seed=settings.seed,
-    )
     return {
-        "network": network,
+        "network": settings.network_settings(),
         "mu": settings.mu,
         "local_steps": settings.local_steps,
         "batch_size": settings.batch_size,

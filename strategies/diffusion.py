@@ -20,7 +20,7 @@ from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from strategies.fedavg import PREFLIGHT_REPLY_S, PREFLIGHT_WORKERS, PersonalisedFedAvg, describe_failure
+from strategies.fedavg import PREFLIGHT_REPLY_S, PREFLIGHT_WORKERS, PersonalisedFedAvg
 from strategies.topology import Network, NetworkSettings, build_network, combine, disagreement
 
 PARTITION_ID, NUM_PARTITIONS = "partition-id", "num-partitions"
@@ -159,9 +159,7 @@ class Diffusion(PersonalisedFedAvg):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        accepted, rejected = self.screen_fit_results(server_round, results)
-        for failure in failures:
-            log(WARNING, "round %s: fit failed: %s", server_round, describe_failure(failure))
+        accepted, rejected = self.screen_fit_replies(server_round, results, failures)
         psi = self.agents  # updated in place: an agent without an accepted reply keeps psi_k = w_k
         took_part = np.zeros(self.network.num_agents, dtype=bool)
         for proxy, res in accepted:
@@ -171,10 +169,7 @@ class Diffusion(PersonalisedFedAvg):
         self.agents = combine(self.network.draw(took_part, self.rng), psi)
         metrics = self.fit_metrics(accepted)
         metrics.update({"agents-participated": int(took_part.sum()), "disagreement": disagreement(self.agents)})
-        self.round_record.update(
-            {"clients-succeeded": len(accepted), "clients-failed": len(failures) + len(rejected),
-             "clients-rejected": len(rejected), **metrics}
-        )  # fmt: skip
+        self.record_fit(accepted, rejected, failures, metrics)
         if self.snapshot_every and (server_round % self.snapshot_every == 0 or server_round == self.num_rounds):
             self.snapshots.append((server_round, self.agents.copy()))
         mean = self.agents.mean(axis=0, dtype=np.float64).astype(np.float32)

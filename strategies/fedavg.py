@@ -194,6 +194,24 @@ class PersonalisedFedAvg(FedAvg):
                 rejected.append((proxy, res))
         return accepted, rejected
 
+    def screen_fit_replies(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[list[tuple[ClientProxy, FitRes]], list[tuple[ClientProxy, FitRes]]]:
+        """Log the failures, and split the replies into accepted and rejected ones."""
+        for failure in failures:
+            log(WARNING, "round %s: fit failed: %s", server_round, describe_failure(failure))
+        return self.screen_fit_results(server_round, results)
+
+    def record_fit(self, accepted: list, rejected: list, failures: list, metrics: dict[str, Scalar]) -> None:
+        """Add the round's training outcome to its record."""
+        self.round_record.update(
+            {"clients-succeeded": len(accepted), "clients-failed": len(failures) + len(rejected),
+             "clients-rejected": len(rejected), **metrics}
+        )  # fmt: skip
+
     def log_rejection(self, server_round: int, proxy: ClientProxy, problem: str) -> None:
         log(WARNING, "round %s: rejected fit reply from node %s: %s", server_round, proxy.cid, problem)
 
@@ -203,9 +221,7 @@ class PersonalisedFedAvg(FedAvg):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        accepted, rejected = self.screen_fit_results(server_round, results)
-        for failure in failures:
-            log(WARNING, "round %s: fit failed: %s", server_round, describe_failure(failure))
+        accepted, rejected = self.screen_fit_replies(server_round, results, failures)
         weighted = (
             accepted if self.aggregation == "examples" else [(p, replace(r, num_examples=1)) for p, r in accepted]
         )
@@ -213,10 +229,7 @@ class PersonalisedFedAvg(FedAvg):
         metrics = self.fit_metrics(accepted)
         if parameters is not None:
             metrics.update(self.after_aggregation(server_round, accepted, parameters))
-        self.round_record.update(
-            {"clients-succeeded": len(accepted), "clients-failed": len(failures) + len(rejected),
-             "clients-rejected": len(rejected), **metrics}
-        )  # fmt: skip
+        self.record_fit(accepted, rejected, failures, metrics)
         if parameters is None:
             log(WARNING, "round %s: no usable fit reply; the global model is unchanged", server_round)
         return parameters, metrics
