@@ -14,7 +14,9 @@ kept every round (``snapshot-every = 1``). From the snapshots:
 - diffusion in ``fedavg`` mode (seed eq. 15) against the ``fedavg`` strategy on the
   same data (test loss per evaluation).
 
-Writes ``bench/results/diffusion_theory.json`` and ``.md`` and ``diffusion_msd.png``.
+Writes ``bench/results/diffusion_theory.json`` and ``.md`` and ``diffusion_msd.png``;
+each finished run's analysis is appended to ``diffusion_theory_runs.jsonl`` and not run
+again, so the benchmark resumes where it stopped.
 
     python bench/diffusion_theory.py --quick     # a few minutes: one graph, T = 1, fewer rounds
     python bench/diffusion_theory.py             # the README's table
@@ -37,7 +39,7 @@ sys.path.insert(0, str(REPO))
 from app.config import parse_settings  # noqa: E402
 from app.launcher import LocalSimulation  # noqa: E402
 from app.registry import STRATEGY_NAMES  # noqa: E402
-from bench.common import machine, read_records  # noqa: E402
+from bench.common import RunLog, machine, read_records  # noqa: E402
 from datasets import load_client_data  # noqa: E402
 from datasets.least_squares import least_squares_optimum  # noqa: E402
 
@@ -101,6 +103,25 @@ def run(sim: LocalSimulation, config: dict, name: str, results: str, federation:
         raise SystemExit(f"{name}: {outcome.status}\n{outcome.log_tail}")
     print(f"{name}: {outcome.wall_seconds:.0f} s", flush=True)
     return Path(results) / name
+
+
+def compare_fedavg(sim: LocalSimulation, base: dict, xs: list, ys: list, results: str, args) -> dict:
+    """Diffusion in eq. 15 mode against the fedavg strategy with the same participation and local work."""
+    q, t = 0.5, 5
+    common = {**base, "participation-per-agent": "", "participation": q, "local-steps": t, "mu": MU}
+    diffusion_dir = run(sim, {**common, "mode": "fedavg", "snapshot-every": args.rounds}, "eq15", results,
+                        args.federation)  # fmt: skip
+    fedavg_config = {**common, "strategy": "fedavg", "fraction-fit": q, "lr": MU, "adapt-steps": 0,
+                     "aggregation": "examples", "min-fit-clients": 1}  # fmt: skip
+    fedavg_dir = run(sim, fedavg_config, "fedavg", results, args.federation)
+    final = np.load(diffusion_dir / "agents.npz")["models"][-1].astype(np.float64).mean(axis=0)
+    plain = least_squares_optimum(xs, ys, np.ones(AGENTS))
+    diffusion_losses, fedavg_losses = test_losses(diffusion_dir), test_losses(fedavg_dir)
+    return {
+        "q": q, "T": t, "mu": MU, "diffusion-losses": diffusion_losses, "fedavg-losses": fedavg_losses,
+        "diffusion-loss": diffusion_losses[-1][1], "fedavg-loss": fedavg_losses[-1][1],
+        "diffusion-to-plain": float(np.linalg.norm(final - plain)),
+    }  # fmt: skip
 
 
 def markdown(rep: dict) -> str:
@@ -169,36 +190,35 @@ def main() -> None:
     base = base_config(args.seed, args.rounds)
     xs, ys = optima(base)
     rep: dict = {"benchmark": "B3", "quick": args.quick, "rounds": args.rounds, "seed": args.seed, "diffusion": []}
+    log = RunLog(path=args.out.with_name(args.out.stem + "_runs.jsonl"), key_fields=("name", "rounds", "seed"))
     with tempfile.TemporaryDirectory() as results, LocalSimulation(app_dir=REPO) as sim:
+
+        def analysed(config: dict, name: str) -> dict:
+            """A diffusion run's analysis, recalled from the run log or run now."""
+            if (done := log.get({"name": name, "rounds": args.rounds, "seed": args.seed})) is not None:
+                return done["analysis"]
+            analysis = analyse(run(sim, config, name, results, args.federation), xs, ys)
+            log.append({"name": name, "rounds": args.rounds, "seed": args.seed, "analysis": analysis})
+            return analysis
+
         for graph, rule in networks:
             for t in steps:
                 steady = {}
                 for mu in (MU, MU / 2):
                     config = {**base, "graph": graph, "combination": rule, "local-steps": t, "mu": mu,
                               "snapshot-every": 1}  # fmt: skip
-                    run_dir = run(sim, config, f"{graph}-{rule}-T{t}-mu{mu}", results, args.federation)
-                    analysis = analyse(run_dir, xs, ys)
+                    analysis = analysed(config, f"{graph}-{rule}-T{t}-mu{mu}")
                     steady[mu] = analysis["steady-msd"]["limit"]
                     row = {"graph": graph, "combination": rule, "T": t, "mu": mu, "analysis": analysis}
                     if mu == MU / 2:
                         row["msd-ratio-limit"] = steady[MU] / steady[MU / 2]
                     rep["diffusion"].append(row)
         if not args.quick:
-            q, t = 0.5, 5
-            common = {**base, "participation-per-agent": "", "participation": q, "local-steps": t, "mu": MU}
-            diffusion_dir = run(sim, {**common, "mode": "fedavg", "snapshot-every": args.rounds}, "eq15", results,
-                                args.federation)  # fmt: skip
-            fedavg_config = {**common, "strategy": "fedavg", "fraction-fit": q, "lr": MU, "adapt-steps": 0,
-                             "min-fit-clients": 1}  # fmt: skip
-            fedavg_dir = run(sim, fedavg_config, "fedavg", results, args.federation)
-            final = np.load(diffusion_dir / "agents.npz")["models"][-1].astype(np.float64).mean(axis=0)
-            plain = least_squares_optimum(xs, ys, np.ones(AGENTS))
-            rep["fedavg"] = {
-                "q": q, "T": t, "mu": MU,
-                "diffusion-losses": test_losses(diffusion_dir), "fedavg-losses": test_losses(fedavg_dir),
-                "diffusion-loss": test_losses(diffusion_dir)[-1][1], "fedavg-loss": test_losses(fedavg_dir)[-1][1],
-                "diffusion-to-plain": float(np.linalg.norm(final - plain)),
-            }  # fmt: skip
+            key = {"name": "fedavg-comparison", "rounds": args.rounds, "seed": args.seed}
+            if (done := log.get(key)) is None:
+                done = {**key, "comparison": compare_fedavg(sim, base, xs, ys, results, args)}
+                log.append(done)
+            rep["fedavg"] = done["comparison"]
     rep |= {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "total-seconds": time.perf_counter() - started}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rep) + "\n")
