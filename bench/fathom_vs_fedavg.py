@@ -256,7 +256,7 @@ def plot(rep: dict, path: Path) -> None:
             name = f"{method}, {label}" if i == 0 else None
             axes[0].plot(*zip(*r["curve"], strict=True), style, color=colours[label], label=name, alpha=0.8)
             for ax, hp in zip(axes[1:], ("lr", "local-epochs", "batch-size"), strict=True):
-                if hp in r["trajectory"]:
+                if method == "fathom":  # FedAvg's values are its constant settings
                     ax.plot(range(1, len(r["trajectory"][hp]) + 1), r["trajectory"][hp], color=colours[label],
                             label=f"{label}" if i == 0 else None, alpha=0.8)  # fmt: skip
     axes[0].axhline(rep["target"], color="grey", lw=0.8)
