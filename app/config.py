@@ -25,6 +25,7 @@ DEVICES = ("auto", "cpu", "cuda")
 NATURAL_DATASETS = ("femnist", "synthetic", "least-squares")
 _CLIENT_DEFAULTS = ClientSettings()  # one source for the client-side defaults
 _FATHOM_DEFAULTS = FathomSettings()
+_NETWORK_DEFAULTS = NetworkSettings()
 
 
 class ConfigError(ValueError):
@@ -89,16 +90,16 @@ class Settings:
     batch_max: float = _FATHOM_DEFAULTS.batch_bounds[1]
     local_term: str = _FATHOM_DEFAULTS.local_term
     # asynchronous diffusion
-    mode: str = "diffusion"
+    mode: str = _NETWORK_DEFAULTS.mode
     mu: float = _CLIENT_DEFAULTS.mu
-    graph: str = "ring"
-    edge_probability: float = 0.3
-    graph_file: str = ""
-    combination: str = "metropolis"
-    combination_file: str = ""
-    participation: float = 1.0
-    participation_per_agent: str = ""
-    neighbour_probability: float = 1.0
+    graph: str = _NETWORK_DEFAULTS.graph
+    edge_probability: float = _NETWORK_DEFAULTS.edge_probability
+    graph_file: str = _NETWORK_DEFAULTS.graph_file
+    combination: str = _NETWORK_DEFAULTS.combination
+    combination_file: str = _NETWORK_DEFAULTS.combination_file
+    participation: float = _NETWORK_DEFAULTS.participation
+    participation_per_agent: str = _NETWORK_DEFAULTS.participation_per_agent
+    neighbour_probability: float = _NETWORK_DEFAULTS.neighbour_probability
     snapshot_every: int = 0
     # execution and outputs
     device: str = _CLIENT_DEFAULTS.device

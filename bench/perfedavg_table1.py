@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import statistics
 import sys
@@ -41,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from app.launcher import LocalSimulation  # noqa: E402
+from bench.common import interval  # noqa: E402
 from clients.meta import meta_gradient, model_loss  # noqa: E402
 from clients.models import build_model  # noqa: E402
 from clients.perfedavg import PerFedAvgClient  # noqa: E402
@@ -49,7 +49,6 @@ from datasets import ClientData  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "mnist-10k"
 NUM_USERS, IMAGES_PER_CLASS, BATCH = 50, 34, 40
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}  # Student t quantiles for 95% intervals (df = seeds - 1)
 METHODS = (
     ("FedAvg + update", "fedavg", ""),
     ("Per-FedAvg FO", "perfedavg", "fo"),
@@ -149,14 +148,6 @@ def run_one(sim: LocalSimulation, config: dict, federation: str) -> dict:
 
 def run_key(seed: int, row: str, method: str, rounds: int, beta: float) -> str:
     return f"{seed}|{row}|{method}|{rounds}|{beta}"
-
-
-def interval(values: list[float]) -> tuple[float, float]:
-    """Mean and half-width of the 95% t-interval (0 for one value)."""
-    mean = statistics.mean(values)
-    if len(values) < 2:
-        return mean, 0.0
-    return mean, T_975[len(values) - 1] * statistics.stdev(values) / math.sqrt(len(values))
 
 
 def step_costs(repeats: int = 41, steps: int = 20) -> dict:

@@ -22,6 +22,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from strategies.fedavg import PREFLIGHT_REPLY_S, PREFLIGHT_WORKERS, PersonalisedFedAvg
 from strategies.topology import Network, NetworkSettings, build_network, combine, disagreement
+from strategies.vectors import flatten, unflatten
 
 PARTITION_ID, NUM_PARTITIONS = "partition-id", "num-partitions"
 
@@ -99,7 +100,7 @@ class Diffusion(PersonalisedFedAvg):
         self.network = build_network(self.network_settings, num_agents)
         arrays = parameters_to_ndarrays(initial)
         self.shapes = [a.shape for a in arrays]
-        self.agents = np.tile(_flatten(arrays), (num_agents, 1))
+        self.agents = np.tile(flatten(arrays), (num_agents, 1))
         for cid, props in self.node_properties.items():
             self._map_node(cid, int(props[PARTITION_ID]))
         self.recorder.save_arrays("topology", self.network.arrays())
@@ -151,7 +152,7 @@ class Diffusion(PersonalisedFedAvg):
         return [(proxies[k], FitIns(self.agent_parameters(k), config)) for k in chosen]
 
     def agent_parameters(self, agent: int) -> Parameters:
-        return ndarrays_to_parameters(_unflatten(self.agents[agent], self.shapes))
+        return ndarrays_to_parameters(unflatten(self.agents[agent], self.shapes))
 
     def aggregate_fit(
         self,
@@ -164,7 +165,7 @@ class Diffusion(PersonalisedFedAvg):
         took_part = np.zeros(self.network.num_agents, dtype=bool)
         for proxy, res in accepted:
             agent = self.node_agent[proxy.cid]
-            psi[agent] = _flatten(parameters_to_ndarrays(res.parameters))
+            psi[agent] = flatten(parameters_to_ndarrays(res.parameters))
             took_part[agent] = True
         self.agents = combine(self.network.draw(took_part, self.rng), psi)
         metrics = self.fit_metrics(accepted)
@@ -173,7 +174,7 @@ class Diffusion(PersonalisedFedAvg):
         if self.snapshot_every and (server_round % self.snapshot_every == 0 or server_round == self.num_rounds):
             self.snapshots.append((server_round, self.agents.copy()))
         mean = self.agents.mean(axis=0, dtype=np.float64).astype(np.float32)
-        return ndarrays_to_parameters(_unflatten(mean, self.shapes)), metrics
+        return ndarrays_to_parameters(unflatten(mean, self.shapes)), metrics
 
     def close_round(self, server_round: int) -> None:
         super().close_round(server_round)
@@ -195,16 +196,6 @@ class Diffusion(PersonalisedFedAvg):
         if not instructions:
             self.close_round(server_round)
         return instructions
-
-
-def _flatten(arrays: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate([a.astype(np.float32).ravel() for a in arrays])
-
-
-def _unflatten(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
-    sizes = [int(np.prod(s)) for s in shapes]
-    parts = np.split(flat, np.cumsum(sizes)[:-1])
-    return [part.reshape(shape) for part, shape in zip(parts, shapes, strict=True)]
 
 
 def _partition_of(proxy: ClientProxy, ins: GetPropertiesIns) -> int | None:

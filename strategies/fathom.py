@@ -12,10 +12,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from strategies.fathom_math import FathomSettings, FathomState, RoundAggregate, fathom_update
 from strategies.fedavg import PersonalisedFedAvg
-
-
-def _flatten(parameters: Parameters) -> np.ndarray:
-    return np.concatenate([a.astype(np.float64).ravel() for a in parameters_to_ndarrays(parameters)])
+from strategies.vectors import flatten
 
 
 class Fathom(PersonalisedFedAvg):
@@ -65,7 +62,7 @@ class Fathom(PersonalisedFedAvg):
         return {"lr": self.state.lr, "local-epochs": self.state.epochs, "batch-size": self.state.batch_size}
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
-        self.global_before = _flatten(parameters)
+        self.global_before = flatten(parameters_to_ndarrays(parameters), np.float64)
         return super().configure_fit(server_round, parameters, client_manager)
 
     def screen_fit_results(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]):
@@ -79,7 +76,7 @@ class Fathom(PersonalisedFedAvg):
         self, server_round: int, accepted: list[tuple[ClientProxy, FitRes]], parameters: Parameters
     ) -> dict[str, Scalar]:
         aggregate = RoundAggregate(
-            update=_flatten(parameters) - self.global_before,
+            update=flatten(parameters_to_ndarrays(parameters), np.float64) - self.global_before,
             phis=np.array([float(r.metrics["phi"]) for _, r in accepted]),
             examples=np.array([r.num_examples for _, r in accepted], dtype=np.float64),
         )
