@@ -106,6 +106,8 @@ class Settings:
     num_threads: int = _CLIENT_DEFAULTS.num_threads
     results_dir: str = "results"
     run_name: str = ""
+    checkpoint_every: int = 0
+    resume_from: str = ""
 
     # ------------------------------------------------------------ derived specs
 
@@ -231,6 +233,7 @@ RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "participation": (0, 1, False, True),
     "neighbour-probability": (0, 1, True, True),
     "snapshot-every": (0, INF, True, False),
+    "checkpoint-every": (0, INF, True, False),
 }
 
 
@@ -310,6 +313,21 @@ def _check_diffusion(s: Settings) -> None:
         if (getattr(s, owner) == "file") != bool(value):
             raise ConfigError(f"run config key {key!r} is set exactly when {owner!r} is 'file'; got {owner} = "
                               f"{getattr(s, owner)!r}, {key} = {value!r}")  # fmt: skip
+    if s.strategy == "diffusion" and s.mode == "fedsgd":
+        if s.participation != 1 or s.participation_per_agent or s.neighbour_probability != 1:
+            raise ConfigError(
+                "run config key 'mode': 'fedsgd' has every agent take part every round; it needs participation = 1, "
+                "neighbour-probability = 1 and no participation-per-agent"
+            )
+
+
+def check_server_files(s: Settings) -> None:
+    """Check what only the server reads: diffusion's graph, matrix and participation files, and ``resume-from``.
+
+    ``parse_settings`` runs on every SuperNode too, where these files need not exist,
+    so the ServerApp calls this once, before any work starts.
+    """
+    for key, value in (("graph-file", s.graph_file), ("combination-file", s.combination_file)):
         if value and not Path(value).expanduser().is_file():
             raise ConfigError(f"run config key {key!r}: {value!r} is not a file")
     if s.participation_per_agent:
@@ -317,12 +335,8 @@ def _check_diffusion(s: Settings) -> None:
             parse_probabilities(s.participation_per_agent)
         except ValueError as err:
             raise ConfigError(f"run config key 'participation-per-agent': {err}") from err
-    if s.strategy == "diffusion" and s.mode == "fedsgd":
-        if s.participation != 1 or s.participation_per_agent or s.neighbour_probability != 1:
-            raise ConfigError(
-                "run config key 'mode': 'fedsgd' has every agent take part every round; it needs participation = 1, "
-                "neighbour-probability = 1 and no participation-per-agent"
-            )
+    if s.resume_from and not Path(s.resume_from).expanduser().exists():
+        raise ConfigError(f"run config key 'resume-from': {s.resume_from!r} does not exist")
 
 
 def parse_settings(run_config: Mapping[str, object], strategies: tuple[str, ...] = ("fedavg",)) -> Settings:

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 from flwr.common.logger import log
 
+from strategies.checkpoint import FILE_NAME, Checkpoint, save_checkpoint
+
 
 def _jsonable(value: object) -> object:
     """NaN/inf become null so every line is strict JSON."""
@@ -50,17 +52,27 @@ class ResultWriter:
     run_dir
         The run's folder (created; absolute path logged).
     settings
-        The run's settings, copied into ``summary.json``.
+        The run's settings, copied into ``summary.json`` and every checkpoint.
+    resume_after
+        Continue a run resumed from its checkpoint after this round: the records of
+        later rounds (written after the checkpoint, before the run stopped) are
+        dropped, since the resumed run repeats those rounds. ``None`` starts afresh.
 
     """
 
-    def __init__(self, *, run_dir: Path, settings: dict) -> None:
+    def __init__(self, *, run_dir: Path, settings: dict, resume_after: int | None = None) -> None:
         self.run_dir = run_dir
         self.settings = settings
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = run_dir / "metrics.jsonl"
-        self.metrics_path.write_text("")
         self.rounds: list[dict] = []
+        if resume_after is None:
+            self.metrics_path.write_text("")
+        else:
+            self.rounds = [r for r in read_metrics(self.metrics_path) if r["round"] <= resume_after]
+            partial = self.metrics_path.with_name(".metrics.jsonl.partial")
+            partial.write_text("".join(json.dumps(r) + "\n" for r in self.rounds))
+            partial.replace(self.metrics_path)
         log(INFO, "stamen results: %s", self.run_dir)
 
     def record_round(self, record: dict) -> None:
@@ -74,12 +86,26 @@ class ResultWriter:
         np.savez_compressed(partial, **arrays)
         partial.replace(self.run_dir / f"{name}.npz")
 
+    def save_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """``<run_dir>/checkpoint.npz``, atomically, with the run's settings added."""
+        state = {**checkpoint.state, "settings": self.settings}
+        save_checkpoint(self.run_dir / FILE_NAME, Checkpoint(round=checkpoint.round, arrays=checkpoint.arrays,
+                                                             state=_jsonable(state)))  # fmt: skip
+        log(INFO, "checkpoint after round %d: %s", checkpoint.round, self.run_dir / FILE_NAME)
+
     def finish(self, summary: dict) -> None:
         payload = {"settings": self.settings, **summary, "results-dir": str(self.run_dir)}
         (self.run_dir / "summary.json").write_text(json.dumps(_jsonable(payload), indent=2) + "\n")
         title = f"{summary.get('strategy')} - {self.run_dir.name}"
         plot_accuracy(self.rounds, self.run_dir / "accuracy.png", title=title)
         log(INFO, "stamen wrote %s, %s and %s", self.metrics_path, "summary.json", "accuracy.png")
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The round records of a ``metrics.jsonl`` (an absent file has none)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def plot_accuracy(rounds: list[dict], path: Path, *, title: str) -> None:

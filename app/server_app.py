@@ -11,13 +11,15 @@ from flwr.common import Context, ndarrays_to_parameters
 from flwr.common.logger import log
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
-from app.config import Settings, parse_settings
+from app.config import ConfigError, Settings, check_server_files, parse_settings
 from app.registry import METHODS, STRATEGY_NAMES
 from app.results import ResultWriter, run_directory
 from clients import build_model
 from clients.models import parameter_count
 from clients.training import accuracy_and_loss, to_tensor
 from datasets import dataset_shape, load_source
+from strategies.checkpoint import Checkpoint, CheckpointError, checkpoint_file, load_checkpoint
+from strategies.resume import ContinuedRun
 
 
 def central_evaluator(settings: Settings) -> Callable[[list[np.ndarray]], dict[str, float]]:
@@ -61,18 +63,66 @@ def strategy_arguments(settings: Settings) -> dict:
         "min_available_clients": settings.min_available_clients,
         "initial_parameters": ndarrays_to_parameters(arrays),
         "central_evaluation": central_evaluator(settings) if settings.central_eval else None,
+        "checkpoint_every": settings.checkpoint_every,
     }
+
+
+# What may change when a run resumes: its length, where and how often it writes, where it computes.
+RESUMABLE_CHANGES = frozenset(
+    {"num-server-rounds", "checkpoint-every", "resume-from", "results-dir", "run-name", "device", "num-threads",
+     "eval-every"}
+)  # fmt: skip
+
+
+def checkpoint_to_resume(settings: Settings) -> Checkpoint:
+    """The checkpoint named by ``resume-from``, checked against this run's settings.
+
+    Raises
+    ------
+    ConfigError
+        If the checkpoint is unreadable, was written with other settings (the
+        differing keys are named), or already covers ``num-server-rounds``.
+
+    """
+    try:
+        checkpoint = load_checkpoint(settings.resume_from)
+    except CheckpointError as err:
+        raise ConfigError(f"run config key 'resume-from': {err}") from err
+    stored = checkpoint.state.get("settings", {})
+    current = settings.as_run_config()
+    differing = sorted(k for k in current if k not in RESUMABLE_CHANGES and stored.get(k) != current[k])
+    if differing:
+        shown = ", ".join(f"{k} = {stored.get(k)!r} there, {current[k]!r} here" for k in differing[:6])
+        raise ConfigError(
+            f"run config key 'resume-from': the checkpoint was written with other settings ({shown}); only "
+            f"{sorted(RESUMABLE_CHANGES)} may change on resume"
+        )
+    if checkpoint.round >= settings.num_server_rounds:
+        raise ConfigError(
+            f"run config key 'num-server-rounds': {settings.num_server_rounds} is not above the checkpoint's round "
+            f"{checkpoint.round}; raise it to continue the run"
+        )
+    return checkpoint
 
 
 def server_fn(context: Context) -> ServerAppComponents:
     """Build the strategy named by ``strategy`` with a result writer as its recorder."""
     settings = parse_settings(context.run_config, STRATEGY_NAMES)
+    check_server_files(settings)
+    checkpoint = checkpoint_to_resume(settings) if settings.resume_from else None
     method = METHODS[settings.strategy]
     kwargs = {**strategy_arguments(settings), **method.strategy_arguments(settings)}
-    run_dir = run_directory(settings.results_dir, settings.run_name, f"{settings.strategy}-{settings.dataset}")
-    kwargs["recorder"] = ResultWriter(run_dir=run_dir, settings=settings.as_run_config())
-    strategy = method.strategy_class(**kwargs)
-    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=settings.num_server_rounds))
+    if checkpoint is None:
+        run_dir = run_directory(settings.results_dir, settings.run_name, f"{settings.strategy}-{settings.dataset}")
+        kwargs["recorder"] = ResultWriter(run_dir=run_dir, settings=settings.as_run_config())
+        strategy = method.strategy_class(**kwargs)
+        return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=settings.num_server_rounds))
+    # a resumed run continues in the checkpoint's folder, its records and round numbers
+    run_dir = checkpoint_file(settings.resume_from).parent
+    log(INFO, "stamen: resuming %s after round %d", run_dir, checkpoint.round)
+    kwargs["recorder"] = ResultWriter(run_dir=run_dir, settings=settings.as_run_config(), resume_after=checkpoint.round)
+    continued = ContinuedRun(strategy=method.strategy_class(**kwargs), checkpoint=checkpoint)
+    return ServerAppComponents(strategy=continued, config=ServerConfig(num_rounds=continued.remaining_rounds))
 
 
 app = ServerApp(server_fn=server_fn)

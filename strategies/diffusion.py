@@ -20,6 +20,7 @@ from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
+from strategies.checkpoint import CheckpointError
 from strategies.fedavg import PREFLIGHT_REPLY_S, PREFLIGHT_WORKERS, PersonalisedFedAvg
 from strategies.topology import Network, NetworkSettings, build_network, combine, disagreement
 from strategies.vectors import flatten, unflatten
@@ -110,6 +111,31 @@ class Diffusion(PersonalisedFedAvg):
             self.network_settings.combination, self.agents[0].nbytes, weights.min(), weights.max())  # fmt: skip
         return initial
 
+    def strategy_state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """Every agent's model, the node map, the participation RNG and the snapshots taken so far."""
+        arrays = {"diffusion/agents": self.agents.copy()}  # combining updates the agents in place
+        if self.snapshots:
+            rounds, models = zip(*self.snapshots, strict=True)
+            arrays.update({"diffusion/snapshot-rounds": np.array(rounds), "diffusion/snapshots": np.stack(models)})
+        state = {"node-agent": self.node_agent, "rng": self.rng.bit_generator.state,
+                 "num-agents": self.network.num_agents}  # fmt: skip
+        return arrays, state
+
+    def restore_strategy_state(self, arrays: dict[str, np.ndarray], state: dict) -> None:
+        agents = arrays.get("diffusion/agents")
+        if agents is None or agents.shape != self.agents.shape:
+            raise CheckpointError(
+                f"checkpoint holds agents of shape {None if agents is None else agents.shape}; this run's network "
+                f"has {self.agents.shape} (agents x parameters)"
+            )
+        self.agents = agents.astype(np.float32)
+        self.rng.bit_generator.state = state["rng"]
+        # a node still connected keeps its agent; the preflight's fresh answers win where they differ
+        self.node_agent = {**{cid: int(a) for cid, a in state["node-agent"].items()}, **self.node_agent}
+        if "diffusion/snapshots" in arrays:
+            self.snapshots = list(zip(arrays["diffusion/snapshot-rounds"].tolist(), arrays["diffusion/snapshots"],
+                                      strict=True))  # fmt: skip
+
     def _map_node(self, cid: str, agent: int) -> None:
         if not 0 <= agent < len(self.agents):
             log(WARNING, "node %s reports partition-id %s, outside the %d agents", cid, agent, len(self.agents))
@@ -168,13 +194,14 @@ class Diffusion(PersonalisedFedAvg):
             psi[agent] = flatten(parameters_to_ndarrays(res.parameters))
             took_part[agent] = True
         self.agents = combine(self.network.draw(took_part, self.rng), psi)
+        mean = self.agents.mean(axis=0, dtype=np.float64).astype(np.float32)
+        self.current_parameters = ndarrays_to_parameters(unflatten(mean, self.shapes))
         metrics = self.fit_metrics(accepted)
         metrics.update({"agents-participated": int(took_part.sum()), "disagreement": disagreement(self.agents)})
         self.record_fit(accepted, rejected, failures, metrics)
         if self.snapshot_every and (server_round % self.snapshot_every == 0 or server_round == self.num_rounds):
             self.snapshots.append((server_round, self.agents.copy()))
-        mean = self.agents.mean(axis=0, dtype=np.float64).astype(np.float32)
-        return ndarrays_to_parameters(unflatten(mean, self.shapes)), metrics
+        return self.current_parameters, metrics
 
     def close_round(self, server_round: int) -> None:
         super().close_round(server_round)

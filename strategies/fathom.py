@@ -61,6 +61,19 @@ class Fathom(PersonalisedFedAvg):
     def hyperparameters(self) -> dict[str, Scalar]:
         return {"lr": self.state.lr, "local-epochs": self.state.epochs, "batch-size": self.state.batch_size}
 
+    def strategy_state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """The hyperparameters in force, the update count and the smoothed update."""
+        state = {"lr": self.state.lr, "epochs": self.state.epochs, "batch-size": self.state.batch_size,
+                 "round": self.state.round}  # fmt: skip
+        smoothed = self.state.smoothed_update
+        return ({"fathom/smoothed-update": smoothed} if smoothed is not None else {}), state
+
+    def restore_strategy_state(self, arrays: dict[str, np.ndarray], state: dict) -> None:
+        self.state = FathomState(
+            lr=float(state["lr"]), epochs=float(state["epochs"]), batch_size=float(state["batch-size"]),
+            smoothed_update=arrays.get("fathom/smoothed-update"), round=int(state["round"]),
+        )  # fmt: skip
+
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
         self.global_before = flatten(parameters_to_ndarrays(parameters), np.float64)
         return super().configure_fit(server_round, parameters, client_manager)

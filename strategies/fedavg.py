@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,7 @@ from flwr.common import (
     GetPropertiesIns,
     Parameters,
     Scalar,
+    ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
 from flwr.common.logger import log
@@ -24,6 +26,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
+from strategies.checkpoint import Checkpoint, CheckpointError, arrays_of_model, check_shapes, model_arrays
 from strategies.recorder import NullRecorder, Recorder
 from strategies.summaries import summarise, weighted_mean
 from strategies.validation import evaluate_reply_problem, fit_reply_problem
@@ -69,6 +72,10 @@ class PersonalisedFedAvg(FedAvg):
         Ask every connected client for its properties (with the first round's fit
         config) before the first round, and stop the run with the clients' errors
         if any cannot start.
+    checkpoint_every
+        Hand the recorder a :class:`~strategies.checkpoint.Checkpoint` (global
+        model, strategy state, round records) every this many rounds and after the
+        last one; 0 = never.
     **fedavg_kwargs
         Passed to Flower's ``FedAvg`` (fractions, minimum client counts,
         ``initial_parameters``); ``accept_failures`` is always on.
@@ -87,6 +94,7 @@ class PersonalisedFedAvg(FedAvg):
         aggregation: str = "examples",
         preflight: bool = True,
         central_evaluation: Callable[[list[np.ndarray]], dict[str, float]] | None = None,
+        checkpoint_every: int = 0,
         **fedavg_kwargs,
     ) -> None:
         if eval_every < 1:
@@ -109,6 +117,8 @@ class PersonalisedFedAvg(FedAvg):
         self.history: list[dict] = []
         self.node_properties: dict[str, dict] = {}  # node id -> its answer to the preflight
         self.started = time.perf_counter()
+        self.checkpoint_every = checkpoint_every
+        self.current_parameters: Parameters | None = None  # the global model after the last aggregation
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, rounds={self.num_rounds})"
@@ -141,7 +151,29 @@ class PersonalisedFedAvg(FedAvg):
             answers = zip(proxies, outcomes, strict=True)
             self.node_properties = {proxy.cid: dict(res.properties) for proxy, res in answers}
             log(INFO, "preflight: all %d connected clients accept the config", len(proxies))
-        return super().initialize_parameters(client_manager)
+        self.current_parameters = super().initialize_parameters(client_manager)
+        return self.current_parameters
+
+    def num_fit_clients(self, num_available_clients: int) -> tuple[int, int]:
+        return self.within_reach(*super().num_fit_clients(num_available_clients), num_available_clients)
+
+    def num_evaluation_clients(self, num_available_clients: int) -> tuple[int, int]:
+        return self.within_reach(*super().num_evaluation_clients(num_available_clients), num_available_clients)
+
+    def within_reach(self, sample_size: int, minimum: int, available: int) -> tuple[int, int]:
+        """Shrink a round's sample to the nodes still connected, so a lost node cannot hang the run.
+
+        Flower's sampling waits (up to a day) until ``minimum`` nodes are connected,
+        and returns nobody when ``sample_size`` exceeds the connected nodes. The run
+        started with ``min-available-clients`` nodes (the preflight waits for them);
+        when some are lost later, the round goes on with those that remain.
+        """
+        if available >= minimum and available >= sample_size:
+            return sample_size, minimum
+        reachable = max(available, 1)  # with nobody connected, wait for one node to come back
+        log(WARNING, "only %d node(s) connected (fewer than the %d asked for); sampling %d of them", available,
+            max(sample_size, minimum), min(sample_size, reachable))  # fmt: skip
+        return min(sample_size, reachable), min(minimum, reachable)
 
     # ------------------------------------------------------------------ configs
 
@@ -206,11 +238,13 @@ class PersonalisedFedAvg(FedAvg):
         return self.screen_fit_results(server_round, results)
 
     def record_fit(self, accepted: list, rejected: list, failures: list, metrics: dict[str, Scalar]) -> None:
-        """Add the round's training outcome to its record."""
+        """Add the round's training outcome to its record (with each failure's reason, in ``fit-failures``)."""
         self.round_record.update(
             {"clients-succeeded": len(accepted), "clients-failed": len(failures) + len(rejected),
              "clients-rejected": len(rejected), **metrics}
         )  # fmt: skip
+        if failures:
+            self.round_record["fit-failures"] = [describe_failure(f)[:500] for f in failures]
 
     def log_rejection(self, server_round: int, proxy: ClientProxy, problem: str) -> None:
         log(WARNING, "round %s: rejected fit reply from node %s: %s", server_round, proxy.cid, problem)
@@ -228,6 +262,7 @@ class PersonalisedFedAvg(FedAvg):
         parameters, _ = super().aggregate_fit(server_round, weighted, [*failures, *rejected])
         metrics = self.fit_metrics(accepted)
         if parameters is not None:
+            self.current_parameters = parameters
             metrics.update(self.after_aggregation(server_round, accepted, parameters))
         self.record_fit(accepted, rejected, failures, metrics)
         if parameters is None:
@@ -297,6 +332,8 @@ class PersonalisedFedAvg(FedAvg):
         metrics = evaluation_summary(accepted)
         metrics["eval-clients-failed"] = len(results) - len(accepted) + len(failures)
         self.round_record.update(metrics)
+        if failures:
+            self.round_record["evaluate-failures"] = [describe_failure(f)[:500] for f in failures]
         self.close_round(server_round)
         loss = metrics["loss"] if accepted else None
         return loss, metrics
@@ -312,10 +349,52 @@ class PersonalisedFedAvg(FedAvg):
         self.history.append(record)
         self.recorder.record_round(record)
         log(INFO, progress_line(record, self.num_rounds))
+        if self.checkpoint_every and (server_round % self.checkpoint_every == 0 or server_round == self.num_rounds):
+            self.recorder.save_checkpoint(self.checkpoint(server_round))
         if server_round == self.num_rounds:
             summary = run_summary(self.history, self.name)
             self.recorder.finish(summary)
             log(INFO, "final: %s", summary_line(summary))
+
+    # --------------------------------------------------------------- checkpoints
+
+    def checkpoint(self, server_round: int) -> Checkpoint:
+        """The run's state after ``server_round``: global model, round records and the strategy's own state."""
+        arrays = model_arrays(parameters_to_ndarrays(self.current_parameters))
+        own_arrays, own_state = self.strategy_state()
+        state = {"strategy": self.name, "history": self.history, "elapsed-seconds": time.perf_counter() - self.started,
+                 "node-properties": self.node_properties, "own": own_state}  # fmt: skip
+        # a copy: the run goes on changing its history and state after this call
+        return Checkpoint(round=server_round, arrays={**arrays, **own_arrays}, state=copy.deepcopy(state))
+
+    def strategy_state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """Arrays and JSON scalars a subclass must keep across a restart (the base strategy has none)."""
+        return {}, {}
+
+    def restore(self, checkpoint: Checkpoint) -> Parameters:
+        """Continue from ``checkpoint`` (after the preflight); returns the global model to start from.
+
+        Raises
+        ------
+        CheckpointError
+            If the checkpoint was written by another strategy or for another model.
+
+        """
+        if checkpoint.state.get("strategy") != self.name:
+            raise CheckpointError(f"checkpoint was written by strategy {checkpoint.state.get('strategy')!r}, "
+                                  f"this run is {self.name!r}")  # fmt: skip
+        stored = arrays_of_model(checkpoint)
+        check_shapes([a.shape for a in parameters_to_ndarrays(self.current_parameters)], stored)
+        # JSON has no NaN: the checkpoint stores it as null
+        self.history = [{k: np.nan if v is None else v for k, v in r.items()} for r in checkpoint.state["history"]]
+        self.started = time.perf_counter() - float(checkpoint.state.get("elapsed-seconds", 0.0))
+        self.restore_strategy_state(checkpoint.arrays, checkpoint.state.get("own", {}))
+        self.current_parameters = ndarrays_to_parameters(stored)
+        log(INFO, "resumed after round %d of %d", checkpoint.round, self.num_rounds)
+        return self.current_parameters
+
+    def restore_strategy_state(self, arrays: dict[str, np.ndarray], state: dict) -> None:
+        """Inverse of :meth:`strategy_state` (the base strategy has nothing to restore)."""
 
 
 def evaluation_summary(accepted: list[EvaluateRes]) -> dict[str, Scalar]:

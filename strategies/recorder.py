@@ -6,6 +6,8 @@ from typing import Protocol
 
 import numpy as np
 
+from strategies.checkpoint import Checkpoint
+
 
 class Recorder(Protocol):
     """Receives one record per round and a summary at the end of the run."""
@@ -19,6 +21,9 @@ class Recorder(Protocol):
     def save_arrays(self, name: str, arrays: dict[str, np.ndarray]) -> None:
         """Store named arrays under ``name`` (a run's topology, its agents' models)."""
 
+    def save_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Keep ``checkpoint`` (replacing the previous one) so the run can resume from it."""
+
 
 class NullRecorder:
     """A recorder that keeps records in memory only (tests, notebooks)."""
@@ -27,6 +32,7 @@ class NullRecorder:
         self.rounds: list[dict] = []
         self.summary: dict | None = None
         self.arrays: dict[str, dict[str, np.ndarray]] = {}
+        self.checkpoints: list[Checkpoint] = []
 
     def record_round(self, record: dict) -> None:
         self.rounds.append(record)
@@ -36,3 +42,6 @@ class NullRecorder:
 
     def save_arrays(self, name: str, arrays: dict[str, np.ndarray]) -> None:
         self.arrays[name] = arrays
+
+    def save_checkpoint(self, checkpoint: Checkpoint) -> None:
+        self.checkpoints.append(checkpoint)

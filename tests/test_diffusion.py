@@ -16,7 +16,7 @@ from flwr.common import (
 )
 from flwr.server.client_manager import SimpleClientManager
 
-from app.config import ConfigError, parse_settings
+from app.config import ConfigError, check_server_files, parse_settings
 from app.registry import STRATEGY_NAMES, diffusion_arguments
 from clients import build_model
 from clients.diffusion import DiffusionClient
@@ -220,7 +220,10 @@ def test_network_mean_heads_for_the_weighted_optimum_and_the_first_order_limit()
         ({"participation": 1.5}, "'participation': 1.5 is outside (0, 1]"),
         ({"participation": 0.0}, "'participation': 0.0 is outside (0, 1]"),
         ({"neighbour-probability": -0.1}, "'neighbour-probability': -0.1 is outside [0, 1]"),
-        ({"participation-per-agent": "0.5,1.2"}, "'participation-per-agent': needs one or more numbers in (0, 1]"),
+        (
+            {"mode": "diffusion", "participation-per-agent": "0.5,1.2"},
+            "'participation-per-agent': needs one or more numbers in (0, 1]",
+        ),
         ({"graph": "tree"}, "'graph': 'tree' is not allowed; choose one of ['ring'"),
         ({"graph": "file"}, "'graph-file' is set exactly when 'graph' is 'file'"),
         ({"mode": "diffusion", "combination": "file", "combination-file": "/nonexistent"}, "is not a file"),
@@ -229,8 +232,18 @@ def test_network_mean_heads_for_the_weighted_optimum_and_the_first_order_limit()
 )
 def test_bad_settings_fail_before_any_work_with_the_key_named(overrides, message):
     with pytest.raises(ConfigError) as err:
-        settings_for(**overrides)
+        check_server_files(settings_for(**overrides))  # what server_fn runs first
     assert message in str(err.value)
+
+
+def test_clients_do_not_need_the_servers_files():
+    # a SuperNode parses the same run config but never reads the network's files
+    settings = settings_for(mode="diffusion", graph="file", combination="file", **{
+        "graph-file": "/only/on/the/server.txt", "combination-file": "/only/on/the/server.npy",
+        "participation-per-agent": "/only/on/the/server-q.txt"})  # fmt: skip
+    assert settings.graph_file == "/only/on/the/server.txt"
+    with pytest.raises(ConfigError, match="'graph-file': '/only/on/the/server.txt' is not a file"):
+        check_server_files(settings)
 
 
 def test_bad_networks_fail_at_the_start_naming_the_problem(tmp_path):

@@ -1,0 +1,81 @@
+"""Continue a run from its checkpoint: Flower counts rounds from 1 again, the strategy does not."""
+
+from __future__ import annotations
+
+from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
+
+from strategies.checkpoint import Checkpoint
+from strategies.fedavg import PersonalisedFedAvg
+
+
+class ContinuedRun(Strategy):
+    """Runs ``strategy`` from the round after ``checkpoint``.
+
+    Flower's server loop numbers rounds ``1 .. num_rounds`` of the new run; this
+    wrapper adds the checkpoint's round to every round number it passes on, so the
+    strategy, its records and the clients' per-round seeds see the original run's
+    numbering. Run it with ``num_rounds = strategy.num_rounds - checkpoint.round``.
+
+    Parameters
+    ----------
+    strategy
+        The run's strategy, built from the same settings as the checkpointed run.
+    checkpoint
+        Where to continue from; restored after the strategy's own start-up (the
+        preflight, and for diffusion the network and the node map).
+
+    """
+
+    def __init__(self, *, strategy: PersonalisedFedAvg, checkpoint: Checkpoint) -> None:
+        if checkpoint.round >= strategy.num_rounds:
+            raise ValueError(
+                f"num-server-rounds = {strategy.num_rounds} must exceed the checkpoint's round {checkpoint.round}"
+            )
+        self.strategy = strategy
+        self.checkpoint = checkpoint
+        self.offset = checkpoint.round
+
+    @property
+    def remaining_rounds(self) -> int:
+        return self.strategy.num_rounds - self.offset
+
+    def __repr__(self) -> str:
+        return f"ContinuedRun({self.strategy!r}, after round {self.offset})"
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        self.strategy.initialize_parameters(client_manager)
+        return self.strategy.restore(self.checkpoint)
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        return self.strategy.configure_fit(server_round + self.offset, parameters, client_manager)
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        return self.strategy.aggregate_fit(server_round + self.offset, results, failures)
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        return self.strategy.configure_evaluate(server_round + self.offset, parameters, client_manager)
+
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        return self.strategy.aggregate_evaluate(server_round + self.offset, results, failures)
+
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        if server_round == 0:  # Flower's check of the starting model: done in the original run
+            return None
+        return self.strategy.evaluate(server_round + self.offset, parameters)

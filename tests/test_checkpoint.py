@@ -1,0 +1,149 @@
+"""Checkpoints: atomic files, clear errors for bad ones, and strategies that continue exactly where they stopped."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import REPO
+from flwr.common import parameters_to_ndarrays
+from test_diffusion import K, federation, make_strategy, settings_for
+
+from app.config import ConfigError, parse_settings
+from app.launcher import LocalSimulation
+from app.registry import STRATEGY_NAMES
+from app.results import ResultWriter, read_metrics
+from app.server_app import checkpoint_to_resume
+from strategies.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from strategies.resume import ContinuedRun
+
+
+def sample_checkpoint(round_=3):
+    arrays = {"global/0": np.arange(6, dtype=np.float32).reshape(2, 3), "global/1": np.ones(3)}
+    return Checkpoint(round=round_, arrays=arrays, state={"strategy": "fedavg", "history": [{"round": 1}]})
+
+
+def test_round_trip_keeps_arrays_and_state_and_leaves_no_partial_file(tmp_path):
+    path = tmp_path / "checkpoint.npz"
+    save_checkpoint(path, sample_checkpoint())
+    save_checkpoint(path, sample_checkpoint(4))  # replaces the previous one
+    loaded = load_checkpoint(tmp_path)  # the run folder works too
+    assert loaded.round == 4 and loaded.state["history"] == [{"round": 1}]
+    np.testing.assert_array_equal(loaded.arrays["global/0"], np.arange(6).reshape(2, 3))
+    assert loaded.arrays["global/0"].dtype == np.float32
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.npz"]
+
+
+def test_corrupted_missing_and_foreign_files_fail_clearly(tmp_path):
+    path = tmp_path / "checkpoint.npz"
+    save_checkpoint(path, sample_checkpoint())
+    path.write_bytes(path.read_bytes()[:200])  # a crash mid-copy, a full disk
+    with pytest.raises(CheckpointError, match="unreadable"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nope.npz")
+    np.savez(tmp_path / "other.npz", x=np.zeros(2))
+    with pytest.raises(CheckpointError, match="not a stamen checkpoint"):
+        load_checkpoint(tmp_path / "other.npz")
+
+
+def write_run(tmp_path, config, rounds_written):
+    """A run folder as a checkpointing run leaves it: metrics.jsonl and checkpoint.npz."""
+    settings = parse_settings(config, STRATEGY_NAMES)
+    writer = ResultWriter(run_dir=tmp_path / "run", settings=settings.as_run_config())
+    for r in range(1, rounds_written + 1):
+        writer.record_round({"round": r})
+    writer.save_checkpoint(sample_checkpoint(round_=2))
+    return tmp_path / "run"
+
+
+def test_resume_refuses_other_settings_and_a_finished_count(tmp_path):
+    config = {"strategy": "fedavg", "lr": 0.1, "num-server-rounds": 2}
+    run = write_run(tmp_path, config, 2)
+    ok = parse_settings({**config, "num-server-rounds": 5, "resume-from": str(run)}, STRATEGY_NAMES)
+    assert checkpoint_to_resume(ok).round == 2
+    other = parse_settings({**config, "lr": 0.2, "num-server-rounds": 5, "resume-from": str(run)}, STRATEGY_NAMES)
+    with pytest.raises(ConfigError, match=r"other settings \(lr = 0.1 there, 0.2 here\)"):
+        checkpoint_to_resume(other)
+    done = parse_settings({**config, "resume-from": str(run)}, STRATEGY_NAMES)
+    with pytest.raises(ConfigError, match="'num-server-rounds': 2 is not above the checkpoint's round 2"):
+        checkpoint_to_resume(done)
+    (run / "checkpoint.npz").write_bytes(b"not a zip")
+    with pytest.raises(ConfigError, match="'resume-from': checkpoint .* is unreadable"):
+        checkpoint_to_resume(ok)
+
+
+def test_resumed_writer_drops_records_after_the_checkpoint(tmp_path):
+    config = {"strategy": "fedavg", "num-server-rounds": 2}
+    run = write_run(tmp_path, config, 3)  # round 3 was recorded, then the run died before its checkpoint
+    writer = ResultWriter(run_dir=run, settings={}, resume_after=2)
+    writer.record_round({"round": 3})
+    rounds = [json.loads(line)["round"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rounds == [1, 2, 3]
+
+
+def play(strategy, manager, rounds):
+    """Drive ``strategy`` through fit and evaluation rounds 1..rounds, as Flower's server loop does."""
+    parameters = strategy.initialize_parameters(manager)
+    for server_round in range(1, rounds + 1):
+        results = [(p, p.fit(ins, None, 0)) for p, ins in strategy.configure_fit(server_round, parameters, manager)]
+        parameters, _ = strategy.aggregate_fit(server_round, results, [])
+        replies = [(p, p.evaluate(ins, None, 0)) for p, ins in strategy.configure_evaluate(server_round, parameters,
+                                                                                             manager)]  # fmt: skip
+        if replies:
+            strategy.aggregate_evaluate(server_round, replies, [])
+    return parameters
+
+
+def test_diffusion_resumed_from_a_checkpoint_matches_the_uninterrupted_run():
+    settings = settings_for(mode="diffusion", graph="ring", participation=0.5, **{"neighbour-probability": 0.7})
+    manager, _ = federation(settings)
+    whole, _, whole_recorder = make_strategy(settings, rounds=5)
+    whole.checkpoint_every = 2
+    final = play(whole, manager, 5)
+    assert [c.round for c in whole_recorder.checkpoints] == [2, 4, 5]
+    at_two = whole_recorder.checkpoints[0]
+    assert at_two.arrays["diffusion/agents"].shape == (K, 10)
+
+    manager, _ = federation(settings)  # a fresh federation: new processes, same partitions
+    again, _, recorder = make_strategy(settings, rounds=5)
+    continued = ContinuedRun(strategy=again, checkpoint=at_two)
+    assert continued.remaining_rounds == 3
+    resumed_final = play(continued, manager, 3)
+    # same participation and neighbour draws (the RNG state), same agents, same records after round 2
+    np.testing.assert_array_equal(again.agents, whole.agents)
+    np.testing.assert_array_equal(parameters_to_ndarrays(resumed_final)[0], parameters_to_ndarrays(final)[0])
+    assert [r["round"] for r in again.history] == [1, 2, 3, 4, 5]
+    for mine, theirs in zip(again.history[2:], whole.history[2:], strict=True):
+        assert mine["agents-drawn"] == theirs["agents-drawn"] and mine["disagreement"] == theirs["disagreement"]
+    assert recorder.summary["rounds"] == 5
+
+
+def test_fathom_simulation_stopped_after_its_checkpoint_resumes_without_loss_or_duplication(tmp_path):
+    config = {"strategy": "fathom", "num-server-rounds": 4, "fraction-fit": 1.0, "min-fit-clients": 4,
+              "local-epochs": 1.0, "batch-size": 8, "eval-every": 2, "checkpoint-every": 2,
+              "results-dir": str(tmp_path)}  # fmt: skip
+    with LocalSimulation(app_dir=REPO) as sim:
+        whole = sim.run(run_config={**config, "run-name": "whole"}, num_supernodes=4, timeout_s=300)
+        # the same run stopped after its round-2 checkpoint ...
+        first = sim.run(run_config={**config, "num-server-rounds": 2, "run-name": "cut"}, num_supernodes=4,
+                        timeout_s=300)  # fmt: skip
+        cut = tmp_path / "cut"
+        with (cut / "metrics.jsonl").open("a") as handle:  # ... after it had recorded round 3, say
+            handle.write(json.dumps({"round": 3, "strategy": "fathom", "hp-lr": -1.0}) + "\n")
+        resumed = sim.run(run_config={**config, "resume-from": str(cut)}, num_supernodes=4, timeout_s=300)
+    for outcome in (whole, first, resumed):
+        assert outcome.ok, outcome.log_tail
+    assert "resumed after round 2 of 4" in resumed.log
+    records = read_metrics(cut / "metrics.jsonl")
+    reference = read_metrics(tmp_path / "whole" / "metrics.jsonl")
+    assert [r["round"] for r in records] == [1, 2, 3, 4]
+    assert json.loads((cut / "summary.json").read_text())["rounds"] == 4
+    # the hyperparameters in force in round 3 are FATHOM's state after round 2, restored from the checkpoint
+    for mine, theirs in zip(records, reference, strict=True):
+        for key in ("hp-lr", "hp-local-epochs", "hp-batch-size"):
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-6), (mine["round"], key)
+    assert records[2]["hp-lr"] != records[0]["hp-lr"]  # the state had moved by then
+    stored = load_checkpoint(cut)
+    assert stored.round == 4 and stored.state["own"]["round"] == 4
