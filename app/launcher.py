@@ -22,7 +22,8 @@ from pathlib import Path
 FINISHED_OK = "finished:completed"
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -90,7 +91,7 @@ class LocalSimulation:
         self.home = Path(self._tmp.name) / "flwr-home"
         self.workdir = Path(workdir) if workdir else Path(self._tmp.name) / "cwd"
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.http_port, self.control_port = _free_port(), _free_port()
+        self.http_port, self.control_port = free_port(), free_port()
         self.env = {
             **os.environ,
             "FLWR_HOME": str(self.home),

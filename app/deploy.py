@@ -1,0 +1,382 @@
+"""A real Flower deployment on this machine: one SuperLink, N SuperNodes, optional TLS and node authentication.
+
+Run it to try stamen as a deployment before moving to real devices::
+
+    python -m app.deploy --nodes 2                        # insecure, loopback
+    python -m app.deploy --nodes 3 --tls --auth            # TLS + SuperNode authentication
+    python -m app.deploy --nodes 2 --run-config "strategy='fathom' num-server-rounds=5"
+    python -m app.deploy --nodes 2 --serve                 # keep it up; submit with `flwr run . <connection>`
+
+Read it as the reference for a deployment of your own: every process is started
+with exactly the command a person would type (see ``commands``), the SuperLink
+and each SuperNode log to ``<workdir>/logs/``, and everything it started is
+stopped by process group on exit (also on errors and Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import ipaddress
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.launcher import FINISHED_OK, RunOutcome, free_port, run_config_text
+
+CONNECTION = "stamen-local"
+FLOWER_ENV = {
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",  # else the SuperLink `uv sync`s GBs of CUDA torch
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+}
+TERMINAL = "finished:"  # every final status starts with it (completed, failed, stopped)
+
+
+# ------------------------------------------------------------------ credentials
+
+
+@dataclass(frozen=True)
+class Certificates:
+    """A private CA and a server certificate it signed (PEM files)."""
+
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+
+
+def make_certificates(folder: Path, *, host: str = "127.0.0.1", days: int = 30) -> Certificates:
+    """A CA and a server certificate for ``host`` (``subjectAltName`` IP or DNS), as PEM files in ``folder``.
+
+    The SuperLink serves with the server certificate; SuperNodes and the ``flwr``
+    CLI verify it against the CA (``--root-certificates`` / ``root-certificates``).
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "stamen local CA")])
+    ca_cert = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    try:
+        alt_name: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        alt_name = x509.DNSName(host)
+    server_key = ec.generate_private_key(ec.SECP384R1())
+    server_cert = (
+        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
+        .issuer_name(ca_name).public_key(server_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName([alt_name]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    paths = Certificates(folder / "ca.crt", folder / "server.pem", folder / "server.key")
+    paths.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    paths.server_cert.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
+    paths.server_key.write_bytes(
+        server_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    paths.server_key.chmod(0o600)
+    return paths
+
+
+@dataclass(frozen=True)
+class NodeKey:
+    """A SuperNode's authentication key pair (OpenSSH format, NIST P-384, as Flower expects)."""
+
+    private: Path
+    public: Path
+
+
+def make_node_key(folder: Path, name: str) -> NodeKey:
+    """A fresh EC key pair ``<name>`` / ``<name>.pub`` in ``folder`` (what ``ssh-keygen -t ecdsa -b 384`` makes)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    folder.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP384R1())
+    paths = NodeKey(folder / name, folder / f"{name}.pub")
+    paths.private.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+    )
+    paths.private.chmod(0o600)
+    paths.public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    )
+    return paths
+
+
+# ------------------------------------------------------------------ processes
+
+
+@dataclass
+class Started:
+    """A process this deployment started: its command, log file and handle."""
+
+    name: str
+    command: list[str]
+    log_path: Path
+    process: subprocess.Popen = field(repr=False)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Signal the process group (the SuperNode's ClientApp and the SuperLink's ServerApp with it)."""
+        try:
+            os.killpg(self.process.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_for_port(port: int, process: subprocess.Popen, log_path: Path, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"process exited with {process.returncode} before listening; log:\n{_tail(log_path)}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s; log:\n{_tail(log_path)}")
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
+
+
+class LocalDeployment:
+    """A SuperLink and ``num_nodes`` SuperNodes on 127.0.0.1; a context manager that stops them all.
+
+    Parameters
+    ----------
+    app_dir
+        The Flower app (folder with ``pyproject.toml``) that ``run`` submits.
+    num_nodes
+        SuperNodes to start; node i gets ``--node-config "partition-id=i num-partitions=num_nodes"``.
+    tls
+        Serve the SuperLink over TLS with a freshly made CA and server certificate.
+    node_auth
+        Start the SuperLink with ``--enable-supernode-auth``, give every SuperNode a
+        key pair and register its public key before the node starts.
+    workdir
+        Holds ``flwr-home``, certificates, keys, the SuperLink database and logs; a
+        fresh temporary folder (deleted on exit) by default.
+
+    """
+
+    def __init__(
+        self,
+        *,
+        app_dir: Path,
+        num_nodes: int,
+        tls: bool = False,
+        node_auth: bool = False,
+        workdir: Path | None = None,
+    ) -> None:
+        if num_nodes < 1:
+            raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
+        self.app_dir = Path(app_dir).resolve()
+        self.num_nodes, self.tls, self.node_auth = num_nodes, tls, node_auth
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="stamen-deploy-")
+        self.workdir = Path(workdir or self._tmp.name).resolve()
+        self.home = self.workdir / "flwr-home"
+        self.logs = self.workdir / "logs"
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(self.home)}
+        self.certificates: Certificates | None = None
+        self.superlink: Started | None = None
+        self.nodes: dict[int, Started] = {}
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def __enter__(self) -> LocalDeployment:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _security(self) -> list[str]:
+        return ["--insecure"] if not self.tls else []
+
+    def start(self) -> None:
+        """Start the SuperLink, register the connection (and node keys), then start every SuperNode."""
+        for folder in (self.home, self.logs):
+            folder.mkdir(parents=True, exist_ok=True)
+        link = ["flower-superlink", *self._security(), "--host", "127.0.0.1", "--port", str(self.port), "--database",
+                str(self.workdir / "superlink.db"), "--disable-runtime-dependency-installation"]  # fmt: skip
+        if self.tls:
+            self.certificates = make_certificates(self.workdir / "certificates")
+            certs = self.certificates
+            link += ["--ssl-certfile", str(certs.server_cert), "--ssl-keyfile", str(certs.server_key),
+                     "--ssl-ca-certfile", str(certs.ca_cert)]  # fmt: skip
+        if self.node_auth:
+            link.append("--enable-supernode-auth")
+        self.superlink = self._spawn("superlink", link)
+        _wait_for_port(self.port, self.superlink.process, self.superlink.log_path)
+        self._write_connection()
+        for partition in range(self.num_nodes):
+            self.start_node(partition)
+
+    def _write_connection(self) -> None:
+        lines = ["[superlink]", f'default = "{CONNECTION}"', "", f"[superlink.{CONNECTION}]",
+                 f'address = "{self.address}"']  # fmt: skip
+        if self.certificates:
+            lines.append(f'root-certificates = "{self.certificates.ca_cert}"')
+        else:
+            lines.append("insecure = true")
+        (self.home / "config.toml").write_text("\n".join(lines) + "\n")
+
+    def _spawn(self, name: str, command: list[str]) -> Started:
+        log_path = self.logs / f"{name}.log"
+        handle = log_path.open("ab")
+        # A new session per process: stopping its group also stops the ServerApp /
+        # ClientApp subprocesses it started.
+        process = subprocess.Popen(command, env=self.env, cwd=self.workdir, stdout=handle, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # fmt: skip
+        handle.close()
+        return Started(name=name, command=command, log_path=log_path, process=process)
+
+    def node_command(self, partition: int, *, key: NodeKey | None = None) -> list[str]:
+        """The ``flower-supernode`` command for partition ``partition``."""
+        command = ["flower-supernode", *self._security(), "--superlink", self.address, "--port", str(free_port()),
+                   "--node-config", f"partition-id={partition} num-partitions={self.num_nodes}"]  # fmt: skip
+        if self.certificates:
+            command += ["--root-certificates", str(self.certificates.ca_cert)]
+        if key:
+            command += ["--auth-supernode-private-key", str(key.private)]
+        return command
+
+    def start_node(self, partition: int, *, register: bool = True) -> Started:
+        """Start (or restart) the SuperNode of ``partition``; ``register=False`` leaves its auth key unregistered."""
+        key = None
+        if self.node_auth:
+            key = make_node_key(self.workdir / "keys", f"node-{partition}")
+            if register:
+                self.flwr(["supernode", "register", str(key.public), CONNECTION])
+        node = self._spawn(f"supernode-{partition}", self.node_command(partition, key=key))
+        self.nodes[partition] = node
+        return node
+
+    def kill_node(self, partition: int) -> None:
+        """SIGKILL a SuperNode (a device that loses power): the SuperLink notices when its heartbeat expires."""
+        self.nodes[partition].stop(signal.SIGKILL)
+
+    def close(self) -> None:
+        """Stop every process this deployment started (SIGTERM, then SIGKILL), then delete a temporary workdir."""
+        started = [*self.nodes.values(), *([self.superlink] if self.superlink else [])]
+        for item in started:
+            item.stop(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for item in started:
+            try:
+                item.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            item.stop(signal.SIGKILL)  # the group may outlive its leader
+        if self._tmp:
+            self._tmp.cleanup()
+
+    # --------------------------------------------------------------------- runs
+
+    def flwr(self, args: list[str], timeout: float = 120) -> dict:
+        """``flwr <args> --format json`` against this deployment, parsed."""
+        out = subprocess.run(["flwr", *args, "--format", "json"], env=self.env, cwd=self.workdir,
+                             capture_output=True, text=True, timeout=timeout)  # fmt: skip
+        try:
+            return json.loads(out.stdout)
+        except json.JSONDecodeError as err:
+            raise RuntimeError(f"`flwr {' '.join(args)}` printed no JSON:\n{out.stdout}\n{out.stderr}") from err
+
+    def status(self, run_id: str) -> str:
+        """The run's status as ``flwr ls`` reports it (``finished:completed`` when it succeeded)."""
+        return self.flwr(["ls", "--run-id", run_id, CONNECTION])["runs"][0]["status"]
+
+    def submit(self, run_config: dict[str, object] | str) -> str:
+        """Submit the app with ``run_config`` (a dict, or ``--run-config`` text); returns the run id."""
+        text = run_config if isinstance(run_config, str) else run_config_text(run_config)
+        reply = self.flwr(["run", str(self.app_dir), CONNECTION, "--run-config", text])
+        if not reply.get("success"):
+            raise RuntimeError(f"flwr run refused the submission: {reply}")
+        return str(reply["run-id"])
+
+    def wait(self, run_id: str, *, timeout_s: float = 600, poll_s: float = 2.0) -> str:
+        """Poll ``flwr ls`` until the run reaches a final status (or ``timeout_s``); returns the status."""
+        deadline = time.monotonic() + timeout_s
+        status = self.status(run_id)
+        while not status.startswith(TERMINAL) and time.monotonic() < deadline:
+            for name, node in [("superlink", self.superlink), *self.nodes.items()]:
+                if name == "superlink" and node.process.poll() is not None:
+                    raise RuntimeError(f"the SuperLink exited; log:\n{_tail(node.log_path)}")
+            time.sleep(poll_s)
+            status = self.status(run_id)
+        return status
+
+    def run(self, run_config: dict[str, object] | str, *, timeout_s: float = 600) -> RunOutcome:
+        """Submit, wait for the final status, and collect the run's log."""
+        started = time.perf_counter()
+        run_id = self.submit(run_config)
+        status = self.wait(run_id, timeout_s=timeout_s)
+        log = subprocess.run(["flwr", "log", run_id, CONNECTION, "--show"], env=self.env, cwd=self.workdir,
+                             capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+        return RunOutcome(run_id=run_id, status=status, wall_seconds=time.perf_counter() - started, log=log)
+
+    def commands(self) -> list[str]:
+        """The commands this deployment ran, for copying into a real one."""
+        return [shlex.join(item.command) for item in [self.superlink, *self.nodes.values()] if item]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start a local deployment, run the app once (or serve until Ctrl-C), stop everything."""
+    parser = argparse.ArgumentParser(prog="python -m app.deploy", description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=2, help="SuperNodes to start (default 2)")
+    parser.add_argument("--tls", action="store_true", help="serve over TLS with a generated CA")
+    parser.add_argument("--auth", action="store_true", help="enable SuperNode authentication (registers each key)")
+    parser.add_argument("--run-config", default="", help='overrides, as for flwr run: "num-server-rounds=3 ..."')
+    parser.add_argument("--workdir", type=Path, help="keep certificates, keys, logs and results here")
+    parser.add_argument("--serve", action="store_true", help="keep the deployment up until Ctrl-C instead of running")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the run (default 3600)")
+    args = parser.parse_args(argv)
+    app_dir = Path(__file__).resolve().parent.parent
+    with LocalDeployment(app_dir=app_dir, num_nodes=args.nodes, tls=args.tls, node_auth=args.auth,
+                         workdir=args.workdir) as deployment:  # fmt: skip
+        print("started:\n  " + "\n  ".join(deployment.commands()))
+        print(f"FLWR_HOME={deployment.home} (connection {CONNECTION!r}); logs in {deployment.logs}")
+        if args.serve:
+            print(f"submit with:  FLWR_HOME={deployment.home} flwr run {app_dir} {CONNECTION} --stream\nCtrl-C stops.")
+            try:
+                signal.pause()
+            except KeyboardInterrupt:
+                return 0
+        # A relative results-dir would land in the SuperLink's workdir; the user's own key comes later and wins.
+        config = f"results-dir='{Path.cwd() / 'results'}' {args.run_config}".strip()
+        outcome = deployment.run(config, timeout_s=args.timeout)
+        print(outcome.log[-3000:])
+        print(f"run {outcome.run_id}: {outcome.status} in {outcome.wall_seconds:.0f} s")
+        return 0 if outcome.status == FINISHED_OK else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
