@@ -45,6 +45,7 @@ class Settings:
     min_available_clients: int = 2
     eval_every: int = 10
     central_eval: bool = False
+    preflight: bool = True
     aggregation: str = "uniform"
     seed: int = _CLIENT_DEFAULTS.seed
     # data
@@ -194,7 +195,7 @@ INF = float("inf")
 RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "num-server-rounds": (1, INF, True, False),
     "fraction-fit": (0, 1, False, True),
-    "fraction-evaluate": (0, 1, False, True),
+    "fraction-evaluate": (0, 1, True, True),
     "min-fit-clients": (1, INF, True, False),
     "min-available-clients": (1, INF, True, False),
     "eval-every": (1, INF, True, False),
@@ -296,6 +297,8 @@ def _check_combination(s: Settings) -> None:
             f"run config key 'model': {s.model!r} needs images; dataset {s.dataset!r} has feature vectors"
         )
     _check_diffusion(s)
+    if s.strategy == "diffusion" and not s.preflight:
+        raise ConfigError("run config key 'preflight': diffusion needs it (it maps every node to its agent)")
     if s.central_eval and s.dataset in GENERATED:
         raise ConfigError(
             f"run config key 'central-eval': needs a dataset with its own test set; {s.dataset!r} has none"

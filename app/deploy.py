@@ -38,7 +38,6 @@ FLOWER_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
     "FLWR_DISABLE_UPDATE_CHECK": "1",
 }
-TERMINAL = "finished:"  # every final status starts with it (completed, failed, stopped)
 
 
 # ------------------------------------------------------------------ credentials
@@ -204,6 +203,7 @@ class LocalDeployment:
         self.certificates: Certificates | None = None
         self.superlink: Started | None = None
         self.nodes: dict[int, Started] = {}
+        self.extra_nodes: list[Started] = []
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -269,15 +269,24 @@ class LocalDeployment:
             command += ["--auth-supernode-private-key", str(key.private)]
         return command
 
-    def start_node(self, partition: int, *, register: bool = True) -> Started:
-        """Start (or restart) the SuperNode of ``partition``; ``register=False`` leaves its auth key unregistered."""
+    def start_node(self, partition: int, *, register: bool = True, name: str = "") -> Started:
+        """Start the SuperNode of ``partition``.
+
+        With node authentication, ``register=False`` leaves its key unknown to the
+        SuperLink (a device nobody enrolled). A ``name`` starts an extra node beside
+        the federation's own (``kill_node`` and the partition map ignore it).
+        """
+        name = name or f"supernode-{partition}"
         key = None
         if self.node_auth:
-            key = make_node_key(self.workdir / "keys", f"node-{partition}")
+            key = make_node_key(self.workdir / "keys", name)
             if register:
                 self.flwr(["supernode", "register", str(key.public), CONNECTION])
-        node = self._spawn(f"supernode-{partition}", self.node_command(partition, key=key))
-        self.nodes[partition] = node
+        node = self._spawn(name, self.node_command(partition, key=key))
+        if name == f"supernode-{partition}":
+            self.nodes[partition] = node
+        else:
+            self.extra_nodes.append(node)
         return node
 
     def kill_node(self, partition: int) -> None:
@@ -286,7 +295,7 @@ class LocalDeployment:
 
     def close(self) -> None:
         """Stop every process this deployment started (SIGTERM, then SIGKILL), then delete a temporary workdir."""
-        started = [*self.nodes.values(), *([self.superlink] if self.superlink else [])]
+        started = [*self.nodes.values(), *self.extra_nodes, *([self.superlink] if self.superlink else [])]
         for item in started:
             item.stop(signal.SIGTERM)
         deadline = time.monotonic() + 10
@@ -322,26 +331,38 @@ class LocalDeployment:
             raise RuntimeError(f"flwr run refused the submission: {reply}")
         return str(reply["run-id"])
 
-    def wait(self, run_id: str, *, timeout_s: float = 600, poll_s: float = 2.0) -> str:
-        """Poll ``flwr ls`` until the run reaches a final status (or ``timeout_s``); returns the status."""
+    def wait(self, run_id: str, *, timeout_s: float = 600) -> RunOutcome:
+        """Follow the run's log until it ends (or ``timeout_s``), then read its final status from ``flwr ls``."""
+        started = time.perf_counter()
+        # `flwr log --stream` blocks until the run ends: one idle process instead of a
+        # `flwr ls` loop, each call of which costs a second of CPU to import flwr.
+        try:
+            log = subprocess.run(["flwr", "log", run_id, CONNECTION, "--stream"], env=self.env, cwd=self.workdir,
+                                 capture_output=True, text=True, timeout=timeout_s).stdout  # fmt: skip
+        except subprocess.TimeoutExpired as err:
+            log = err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
+        return RunOutcome(run_id=run_id, status=self.status(run_id), wall_seconds=time.perf_counter() - started,
+                          log=log)  # fmt: skip
+
+    def wait_all(self, run_ids: list[str], *, timeout_s: float = 600, poll_s: float = 10.0) -> dict[str, str]:
+        """Wait until every run in ``run_ids`` has a final status; returns run id -> status.
+
+        One ``flwr ls`` every ``poll_s`` seconds covers all runs (each call costs about
+        a CPU-second, which the runs themselves need on a small machine).
+        """
         deadline = time.monotonic() + timeout_s
-        status = self.status(run_id)
-        while not status.startswith(TERMINAL) and time.monotonic() < deadline:
-            for name, node in [("superlink", self.superlink), *self.nodes.items()]:
-                if name == "superlink" and node.process.poll() is not None:
-                    raise RuntimeError(f"the SuperLink exited; log:\n{_tail(node.log_path)}")
+        while True:
+            statuses = {str(r["run-id"]): r["status"] for r in self.flwr(["ls", CONNECTION])["runs"]}
+            mine = {run_id: statuses.get(run_id, "unknown") for run_id in run_ids}
+            if all(s.startswith("finished") for s in mine.values()) or time.monotonic() > deadline:
+                return mine
+            if self.superlink.process.poll() is not None:
+                raise RuntimeError(f"the SuperLink exited; log:\n{_tail(self.superlink.log_path)}")
             time.sleep(poll_s)
-            status = self.status(run_id)
-        return status
 
     def run(self, run_config: dict[str, object] | str, *, timeout_s: float = 600) -> RunOutcome:
-        """Submit, wait for the final status, and collect the run's log."""
-        started = time.perf_counter()
-        run_id = self.submit(run_config)
-        status = self.wait(run_id, timeout_s=timeout_s)
-        log = subprocess.run(["flwr", "log", run_id, CONNECTION, "--show"], env=self.env, cwd=self.workdir,
-                             capture_output=True, text=True, timeout=60).stdout  # fmt: skip
-        return RunOutcome(run_id=run_id, status=status, wall_seconds=time.perf_counter() - started, log=log)
+        """Submit, and wait for the run's final status and log."""
+        return self.wait(self.submit(run_config), timeout_s=timeout_s)
 
     def commands(self) -> list[str]:
         """The commands this deployment ran, for copying into a real one."""

@@ -64,6 +64,7 @@ def strategy_arguments(settings: Settings) -> dict:
         "initial_parameters": ndarrays_to_parameters(arrays),
         "central_evaluation": central_evaluator(settings) if settings.central_eval else None,
         "checkpoint_every": settings.checkpoint_every,
+        "preflight": settings.preflight,
     }
 
 

@@ -214,7 +214,7 @@ class Diffusion(PersonalisedFedAvg):
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        if not self.is_evaluation_round(server_round):
+        if not self.is_evaluation_round(server_round) or self.fraction_evaluate == 0:
             self.close_round(server_round)
             return []
         config = {**self.evaluate_config(server_round), "adapt-steps": 0}  # each agent's own model, as it is

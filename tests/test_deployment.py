@@ -1,0 +1,171 @@
+"""Real deployments on 127.0.0.1: a SuperLink, SuperNodes, ``flwr run`` against them, status from ``flwr ls``.
+
+Every message in a deployment starts a fresh ``flwr-clientapp`` process, which
+costs about 7.5 CPU-seconds here (importing flwr and torch), and each side polls
+every 3 s; a 2-round run on 2 SuperNodes measured 72 s and 110 CPU-seconds alone.
+To stay within 5 minutes on 2 cores, two deployments run side by side, each in a
+worker thread that the module fixture starts at once:
+
+- ``secure``: TLS and SuperNode authentication, 2 enrolled SuperNodes and one
+  whose key nobody registered; the four strategies, 2 rounds each, submitted
+  together.
+- ``lossy``: insecure, 3 SuperNodes, fedavg for 3 rounds; one SuperNode is
+  SIGKILLed once round 1 is recorded.
+
+Clients are not asked to evaluate (``fraction-evaluate = 0``, a ClientApp process
+per node saved); the server tests the global model after every round instead
+(``central-eval``). Client-side evaluation runs through Flower in the simulation tests.
+
+Each deployment stops every process it started (by process group) when its
+scenario ends, whether it passed or failed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from app.deploy import CONNECTION, LocalDeployment
+from app.launcher import FINISHED_OK
+
+RUN_TIMEOUT_S = 280
+STRATEGIES = ("fedavg", "perfedavg", "fathom", "diffusion")
+OWN_SETTINGS = {"fathom": {"local-epochs": 0.5}}
+
+
+def two_round_config(strategy: str, results: Path) -> dict:
+    # the server tests the global model; clients are not asked to (one ClientApp process per node saved)
+    config = {"strategy": strategy, "num-server-rounds": 2, "fraction-evaluate": 0.0, "central-eval": True,
+              "results-dir": str(results), "run-name": strategy, **OWN_SETTINGS.get(strategy, {})}  # fmt: skip
+    if strategy != "diffusion":  # it needs the preflight to map nodes to agents
+        config["preflight"] = False
+    return config
+
+
+def process_groups(deployment: LocalDeployment) -> list[int]:
+    return [p.process.pid for p in (deployment.superlink, *deployment.nodes.values(), *deployment.extra_nodes)]
+
+
+def secure_scenario(workdir: Path) -> dict:
+    results = workdir / "results"
+    with LocalDeployment(app_dir=REPO, num_nodes=2, tls=True, node_auth=True,
+                         workdir=workdir / "deployment") as deployment:  # fmt: skip
+        intruder = deployment.start_node(1, register=False, name="intruder")
+        # one after another: runs side by side only fight over the two cores
+        outcomes = {s: deployment.run(two_round_config(s, results), timeout_s=RUN_TIMEOUT_S) for s in STRATEGIES}
+        run_ids = {s: o.run_id for s, o in outcomes.items()}
+        statuses = {o.run_id: o.status for o in outcomes.values()}
+        nodes = deployment.flwr(["supernode", "ls", CONNECTION])["nodes"]
+        intruder_exit = intruder.process.wait(timeout=60)
+        ca = deployment.certificates.ca_cert.read_text()
+        logs = {s: _log(deployment, run_id) for s, run_id in run_ids.items() if statuses[run_id] != FINISHED_OK}
+    return {"statuses": {s: statuses[run_id] for s, run_id in run_ids.items()}, "logs": logs, "results": results,
+            "nodes": nodes, "intruder-exit": intruder_exit, "ca": ca, "groups": process_groups(deployment),
+            "intruder-log": intruder.log_path.read_text(errors="replace")}  # fmt: skip
+
+
+def _log(deployment: LocalDeployment, run_id: str) -> str:
+    return subprocess.run(["flwr", "log", run_id, CONNECTION, "--show"], env=deployment.env, cwd=deployment.workdir,
+                          capture_output=True, text=True, timeout=60).stdout[-3000:]  # fmt: skip
+
+
+def lossy_scenario(workdir: Path) -> dict:
+    results = workdir / "results"
+    config = {"strategy": "fedavg", "partitioner": "iid", "num-server-rounds": 3, "fraction-fit": 1.0,
+              "fraction-evaluate": 0.0, "central-eval": True, "preflight": False, "min-fit-clients": 2,
+              "min-available-clients": 3, "results-dir": str(results), "run-name": "lossy"}  # fmt: skip
+    with LocalDeployment(app_dir=REPO, num_nodes=3, workdir=workdir / "deployment") as deployment:
+        run_id = deployment.submit(config)
+        metrics = results / "lossy" / "metrics.jsonl"
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        checked = time.monotonic()
+        while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            if time.monotonic() - checked > 15:  # a run that failed early records nothing
+                checked = time.monotonic()
+                if deployment.status(run_id).startswith("finished"):
+                    break
+        deployment.kill_node(2)  # as a device losing power after round 1
+        status = deployment.wait_all([run_id], timeout_s=RUN_TIMEOUT_S, poll_s=4)[run_id]
+        log = _log(deployment, run_id) if status != FINISHED_OK else ""
+    return {"status": status, "log": log, "results": results / "lossy", "groups": process_groups(deployment)}
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory) -> dict[str, Future]:
+    pool = ThreadPoolExecutor(max_workers=2)
+    futures = {
+        name: pool.submit(function, tmp_path_factory.mktemp(name))
+        for name, function in (("lossy", lossy_scenario), ("secure", secure_scenario))
+    }
+    yield futures
+    pool.shutdown(wait=True)  # each scenario stops its own processes, also when it failed
+
+
+def live_processes(groups: list[int]) -> list[str]:
+    """``pid command`` of every process, zombies aside, in the given process groups."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended while we looked
+            continue
+        if fields[0] != "Z" and int(fields[2]) in groups:
+            found.append(f"{stat.parent.name} {(stat.parent / 'cmdline').read_bytes()[:80]!r}")
+    return found
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_tls_deployment_with_two_supernodes_runs_the_strategy_to_completion(scenarios, strategy):
+    result = scenarios["secure"].result()
+    assert result["statuses"][strategy] == FINISHED_OK, result["logs"].get(strategy)
+    run_dir = result["results"] / strategy
+    rounds = records(run_dir)
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert all(r["clients-succeeded"] == r["clients-sampled"] >= 1 and r["clients-failed"] == 0 for r in rounds)
+    assert all(math.isfinite(r["central-loss"]) and 0 <= r["central-accuracy"] <= 1 for r in rounds)
+    assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
+    assert (run_dir / "accuracy.png").stat().st_size > 0
+    assert "BEGIN CERTIFICATE" in result["ca"]
+
+
+def test_supernode_with_an_unregistered_key_is_refused(scenarios):
+    result = scenarios["secure"].result()
+    assert result["intruder-exit"] != 0
+    assert "Failed to activate SuperNode" in result["intruder-log"]
+    assert len(result["nodes"]) == 2  # only the enrolled ones ever joined
+
+
+def test_killed_supernode_is_recorded_as_failed_and_the_run_completes_and_improves(scenarios):
+    result = scenarios["lossy"].result()
+    assert result["status"] == FINISHED_OK, result["log"]
+    rounds = records(result["results"])
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert rounds[0]["clients-succeeded"] == 3 and rounds[0]["clients-failed"] == 0
+    lost = [r for r in rounds[1:] if r["clients-failed"] > 0]
+    assert lost, "the killed node's round was not recorded as a failure"
+    assert all(len(r["fit-failures"]) == r["clients-failed"] for r in lost)
+    assert "Node Unavailable" in lost[0]["fit-failures"][0]
+    assert all(r["clients-succeeded"] == 2 for r in rounds[1:])  # the two survivors carried every later round
+    assert rounds[-1]["clients-sampled"] == 2  # sampling shrank to the nodes still connected
+    # the server tests the global model after every round: it kept improving without the lost node
+    losses = [r["central-loss"] for r in rounds]
+    assert losses[2] < losses[1] < losses[0], losses
+
+
+def test_every_process_is_stopped(scenarios):
+    # SuperLink, SuperNodes and whatever they started (ServerApp, SuperExec, ClientApp) share a process group each
+    for name, future in scenarios.items():
+        left = live_processes(future.result()["groups"])
+        assert left == [], f"{name}: processes {left} are still running"
