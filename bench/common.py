@@ -11,8 +11,6 @@ import platform
 import statistics
 from pathlib import Path
 
-import torch
-
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}  # Student t quantiles, df = seeds - 1
@@ -28,6 +26,8 @@ def interval(values: list[float]) -> tuple[float, float]:
 
 def machine() -> str:
     """The machine and software a result was measured with."""
+    import torch  # here, so a script measuring its own memory starts without it
+
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     return f"{platform.machine()}, python {platform.python_version()}, torch {torch.__version__}, {device}"
 
