@@ -191,7 +191,7 @@ class Diffusion(PersonalisedFedAvg):
         took_part = np.zeros(self.network.num_agents, dtype=bool)
         for proxy, res in accepted:
             agent = self.node_agent[proxy.cid]
-            psi[agent] = flatten(parameters_to_ndarrays(res.parameters))
+            psi[agent] = flatten(self.reply_arrays(res))
             took_part[agent] = True
         self.agents = combine(self.network.draw(took_part, self.rng), psi)
         mean = self.agents.mean(axis=0, dtype=np.float64).astype(np.float32)

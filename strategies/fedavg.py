@@ -6,7 +6,6 @@ import copy
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from logging import INFO, WARNING
 
 import numpy as np
@@ -30,6 +29,7 @@ from strategies.checkpoint import Checkpoint, CheckpointError, arrays_of_model, 
 from strategies.recorder import NullRecorder, Recorder
 from strategies.summaries import summarise, weighted_mean
 from strategies.validation import evaluate_reply_problem, fit_reply_problem
+from strategies.vectors import weighted_average_inplace
 
 PREFLIGHT_WAIT_S = 600  # how long the preflight waits for the clients to connect
 PREFLIGHT_REPLY_S = 300  # a node that has not answered by then counts as unable to start
@@ -113,6 +113,7 @@ class PersonalisedFedAvg(FedAvg):
         self.eval_every = eval_every
         self.recorder = recorder if recorder is not None else NullRecorder()
         self.expected_shapes: list[tuple[int, ...]] = []
+        self.decoded: dict[int, list[np.ndarray]] = {}  # id(FitRes) -> its arrays, within one aggregation
         self.round_record: dict = {}
         self.history: list[dict] = []
         self.node_properties: dict[str, dict] = {}  # node id -> its answer to the preflight
@@ -197,7 +198,8 @@ class PersonalisedFedAvg(FedAvg):
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        self.expected_shapes = [a.shape for a in parameters_to_ndarrays(parameters)]
+        if not self.expected_shapes:  # the model's shapes never change within a run
+            self.expected_shapes = [a.shape for a in parameters_to_ndarrays(parameters)]
         self.open_round(server_round)
         instructions = super().configure_fit(server_round, parameters, client_manager)
         self.round_record["clients-sampled"] = len(instructions)
@@ -213,6 +215,7 @@ class PersonalisedFedAvg(FedAvg):
     ) -> tuple[list[tuple[ClientProxy, FitRes]], list[tuple[ClientProxy, FitRes]]]:
         """Split replies into accepted and rejected ones, logging each rejection."""
         accepted, rejected = [], []
+        self.decoded = {}
         for proxy, res in results:
             try:
                 arrays = parameters_to_ndarrays(res.parameters)
@@ -220,6 +223,7 @@ class PersonalisedFedAvg(FedAvg):
             except Exception as err:  # undecodable payloads are malformed replies too
                 problem = f"unreadable reply ({err})"
             if problem is None:
+                self.decoded[id(res)] = arrays  # decoding is a third of aggregation's cost: do it once
                 accepted.append((proxy, res))
             else:
                 self.log_rejection(server_round, proxy, problem)
@@ -236,6 +240,11 @@ class PersonalisedFedAvg(FedAvg):
         for failure in failures:
             log(WARNING, "round %s: fit failed: %s", server_round, describe_failure(failure))
         return self.screen_fit_results(server_round, results)
+
+    def reply_arrays(self, res: FitRes) -> list[np.ndarray]:
+        """The arrays of an accepted reply, decoded once during screening (the caller may overwrite them)."""
+        arrays = self.decoded.pop(id(res), None)
+        return arrays if arrays is not None else parameters_to_ndarrays(res.parameters)
 
     def record_fit(self, accepted: list, rejected: list, failures: list, metrics: dict[str, Scalar]) -> None:
         """Add the round's training outcome to its record (with each failure's reason, in ``fit-failures``)."""
@@ -256,10 +265,11 @@ class PersonalisedFedAvg(FedAvg):
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         accepted, rejected = self.screen_fit_replies(server_round, results, failures)
-        weighted = (
-            accepted if self.aggregation == "examples" else [(p, replace(r, num_examples=1)) for p, r in accepted]
-        )
-        parameters, _ = super().aggregate_fit(server_round, weighted, [*failures, *rejected])
+        parameters = None
+        if accepted:
+            weights = [res.num_examples if self.aggregation == "examples" else 1 for _, res in accepted]
+            models = [self.reply_arrays(res) for _, res in accepted]
+            parameters = ndarrays_to_parameters(weighted_average_inplace(models, weights))
         metrics = self.fit_metrics(accepted)
         if parameters is not None:
             self.current_parameters = parameters

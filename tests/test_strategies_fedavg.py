@@ -236,3 +236,21 @@ def test_central_evaluation_is_recorded_every_round_on_the_aggregated_model():
     strategy.configure_evaluate(1, params, manager)  # not an evaluation round: the record closes
     assert recorder.rounds[0]["central-accuracy"] == 0.25
     assert "central acc 0.2500" in progress_line(recorder.rounds[0], 2)
+
+
+def test_decode_once_aggregation_is_bit_for_bit_flowers_inplace_fedavg():
+    from flwr.server.strategy.aggregate import aggregate_inplace
+
+    from strategies.vectors import weighted_average_inplace
+
+    rng = np.random.default_rng(3)
+    shapes = [(80, 784), (80,), (10, 80), (10,)]
+    models = [[rng.normal(size=s).astype(np.float32) for s in shapes] for _ in range(7)]
+    counts = [int(c) for c in rng.integers(1, 500, size=7)]
+    replies = [(FakeProxy(str(i)), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(m), c, {}))
+               for i, (m, c) in enumerate(zip(models, counts, strict=True))]  # fmt: skip
+    expected = aggregate_inplace(replies)
+    mine = weighted_average_inplace([[a.copy() for a in m] for m in models], counts)
+    for ours, flowers in zip(mine, expected, strict=True):
+        assert ours.dtype == flowers.dtype
+        np.testing.assert_array_equal(ours, flowers)

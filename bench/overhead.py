@@ -1,0 +1,290 @@
+"""Benchmark B4: what Flower costs. The same client work through Flower's simulation engine and in a plain loop.
+
+Per-FedAvg HF on B1's split of ``../shared/data/mnist-10k`` (50 users, a = 34), tau = 10,
+batches of 40, 10 clients a round, no evaluation rounds (``fraction-evaluate = 0``):
+
+(a) Flower: ``flwr run`` through ``app.launcher.LocalSimulation``, exactly as
+    ``flwr run .`` runs it (50 SuperNodes, Ray backend); seconds per round are the
+    strategy's own ``round-seconds`` (configure_fit to the round's record);
+(b) plain loop: one process builds the 50 clients once from the same client classes
+    and calls their ``fit`` with the strategy's own fit configs, then averages.
+
+Each case runs ``--warmup`` rounds that are not counted, then ``--rounds`` timed ones.
+Flower and the plain loop alternate, ``--repeats`` times; the ratio is taken per
+repeat and the median reported. The start-up cost (everything before round 1 and
+after the last round: SuperLink, Ray, preflight, shutdown) is reported apart. Peak
+memory is the largest sum, over the run's processes, of their proportional set size
+(PSS, shared pages divided among the processes sharing them), sampled every 0.2 s;
+RSS sums are given too.
+
+    python bench/overhead.py                  # the README's table: 3 cases x 2 actor settings, 2 repeats
+    python bench/overhead.py --quick          # 1 repeat, 2 + 8 rounds, main case only
+    python bench/overhead.py --profile        # plain-loop cProfile of one client message path
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from common import REPO, SHARED_DATA, machine
+
+RESULTS = REPO / "bench" / "results"
+IMAGES_PER_CLASS, USERS, BETA, ALPHA = 34, 50, 0.1, 0.001
+CASES = {  # name -> (strategy, fraction-fit)
+    "perfedavg-hf-10": ("perfedavg", 0.2),
+    "fedavg-10": ("fedavg", 0.2),
+    "perfedavg-hf-50": ("perfedavg", 1.0),
+}
+ACTORS = {  # name -> --federation-config resources: CPUs each ClientApp worker reserves
+    "1-actor (2 cpus each, Flower's default)": "client-resources-num-cpus=2",
+    "2-actors (1 cpu each)": "client-resources-num-cpus=1",
+}
+
+
+def run_config(case: str, rounds: int, results: str) -> dict:
+    strategy, fraction = CASES[case]
+    return {
+        "strategy": strategy, "dataset": "mnist", "data-dir": str(SHARED_DATA / "mnist-10k"),
+        "partitioner": "perfedavg-paper", "images-per-class": IMAGES_PER_CLASS, "model": "mlp", "seed": 0,
+        "num-server-rounds": rounds, "fraction-fit": fraction, "fraction-evaluate": 0.0, "aggregation": "uniform",
+        "local-steps": 10, "lr": BETA, "beta": BETA, "alpha": ALPHA, "delta": 1e-3, "variant": "hf",
+        "batch-size": 40, "outer-batch-size": 40, "hessian-batch-size": 40, "adapt-batch-size": 40,
+        "results-dir": results, "run-name": f"{case}-{time.strftime('%H%M%S')}",
+    }  # fmt: skip
+
+
+# ------------------------------------------------------------------ memory
+
+
+def _tree_memory(marker: str) -> tuple[float, float]:
+    """Sum of PSS and of RSS (MiB) over processes whose environment holds ``marker``."""
+    pss = rss = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() not in (entry / "environ").read_bytes():
+                continue
+            for line in (entry / "smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    pss += int(line.split()[1]) / 1024
+                elif line.startswith("Rss:"):
+                    rss += int(line.split()[1]) / 1024
+        except OSError:  # gone, or not ours
+            continue
+    return pss, rss
+
+
+class PeakSampler(threading.Thread):
+    """Samples the memory of a process tree (marked by an environment value) until stopped."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__(daemon=True)
+        self.marker, self.peak_pss, self.peak_rss = marker, 0.0, 0.0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.2):
+            pss, rss = _tree_memory(self.marker)
+            self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
+
+
+# ------------------------------------------------------------------ the two paths
+
+
+def null_app(folder: Path) -> Path:
+    """stamen's app with ``bench/null_app/nullclient.py`` as its ClientApp (same config keys and ServerApp)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    pyproject = (REPO / "pyproject.toml").read_text()
+    pyproject = pyproject.replace('clientapp = "app.client_app:app"', 'clientapp = "nullclient:app"')
+    pyproject = pyproject.replace('name = "stamen"', 'name = "stamen-null"').replace(
+        'packages = ["app", "strategies", "clients", "datasets"]', 'packages = ["nullclient.py"]'
+    )
+    (folder / "pyproject.toml").write_text(pyproject)
+    (folder / "nullclient.py").write_text((REPO / "bench" / "null_app" / "nullclient.py").read_text())
+    return folder
+
+
+def flower_case(case: str, federation: str, *, warmup: int, rounds: int, results: Path, app_dir: Path = REPO) -> dict:
+    from app.launcher import LocalSimulation
+
+    config = run_config(case, warmup + rounds, str(results))
+    with LocalSimulation(app_dir=app_dir) as sim:
+        sampler = PeakSampler(str(sim.home))
+        sampler.start()
+        outcome = sim.run(run_config=config, num_supernodes=USERS, extra_federation=federation, timeout_s=3600)
+        sampler.done.set()
+        sampler.join()
+    if not outcome.ok:
+        raise RuntimeError(f"{case}: {outcome.status}\n{outcome.log_tail}")
+    records = [json.loads(line) for line in (results / config["run-name"] / "metrics.jsonl").read_text().splitlines()]
+    seconds = [r["round-seconds"] for r in records]
+    return {"round-seconds": seconds[warmup:], "startup-seconds": outcome.wall_seconds - sum(seconds),
+            "peak-pss-mib": sampler.peak_pss, "peak-rss-mib": sampler.peak_rss,
+            "final-train-loss": records[-1]["train-loss"]}  # fmt: skip
+
+
+def plain_loop(case: str, *, warmup: int, rounds: int) -> dict:
+    """The same clients and configs in one process: the floor Flower is measured against."""
+    import numpy as np
+    from flwr.common import parameters_to_ndarrays
+
+    from app.config import parse_settings
+    from app.registry import METHODS, STRATEGY_NAMES
+    from app.server_app import strategy_arguments
+    from clients import build_model
+    from datasets import load_client_data
+    from strategies.recorder import NullRecorder
+
+    started = time.perf_counter()
+    settings = parse_settings(run_config(case, warmup + rounds, "/tmp"), STRATEGY_NAMES)
+    method = METHODS[settings.strategy]
+    strategy = method.strategy_class(**{**strategy_arguments(settings), **method.strategy_arguments(settings),
+                                        "recorder": NullRecorder()})  # fmt: skip
+    clients = []
+    for user in range(USERS):
+        data = load_client_data(settings.data_spec(USERS), settings.partition_spec(USERS), user)
+        model = build_model(settings.model, input_shape=tuple(data.train_x.shape[1:]), num_classes=data.num_classes,
+                            seed=settings.seed)  # fmt: skip
+        clients.append(method.client_class(model=model, data=data, settings=settings.client_settings(),
+                                           partition_id=user, num_partitions=USERS))  # fmt: skip
+    params = parameters_to_ndarrays(strategy.initial_parameters)
+    per_round = max(int(USERS * settings.fraction_fit), settings.min_fit_clients)
+    rng = np.random.default_rng(0)
+    startup = time.perf_counter() - started
+    seconds, losses = [], []
+    for server_round in range(1, warmup + rounds + 1):
+        begin = time.perf_counter()
+        config = strategy.fit_config(server_round)
+        replies = [clients[k].fit(params, config) for k in rng.choice(USERS, per_round, replace=False)]
+        params = [np.mean([r[0][i] for r in replies], axis=0) for i in range(len(params))]  # uniform, as B1
+        seconds.append(time.perf_counter() - begin)
+        losses.append(float(np.mean([r[2]["train-loss"] for r in replies])))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"round-seconds": seconds[warmup:], "startup-seconds": startup, "peak-rss-mib": peak,
+            "final-train-loss": losses[-1]}  # fmt: skip
+
+
+def plain_case(case: str, *, warmup: int, rounds: int) -> dict:
+    """The plain loop in a fresh process, so its peak memory is its own."""
+    out = subprocess.run([sys.executable, __file__, "--plain-child", case, str(warmup), str(rounds)], cwd=REPO,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def profile_plain(case: str) -> None:
+    """cProfile of 5 plain-loop rounds, top functions by cumulative time."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    plain_loop(case, warmup=0, rounds=5)
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+
+
+# ------------------------------------------------------------------ report
+
+
+def spread(values: list[float]) -> dict:
+    quartiles = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return {"median": statistics.median(values), "q1": quartiles[0], "q3": quartiles[2], "min": min(values),
+            "max": max(values), "n": len(values)}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="main case only, 1 repeat, 2 + 8 rounds")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--cases", nargs="*", default=list(CASES))
+    parser.add_argument("--profile", action="store_true", help="cProfile the plain loop and exit")
+    parser.add_argument("--plain-child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.plain_child:
+        case, warmup, rounds = args.plain_child
+        print(json.dumps(plain_loop(case, warmup=int(warmup), rounds=int(rounds))))
+        return
+    if args.profile:
+        profile_plain("perfedavg-hf-10")
+        return
+    if not (SHARED_DATA / "mnist-10k").is_dir():
+        sys.exit(f"B4 needs {SHARED_DATA / 'mnist-10k'}")
+    os.environ["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+    cases, actors = args.cases, list(ACTORS)
+    if args.quick:
+        args.repeats, args.warmup, args.rounds, cases = 1, 2, 8, ["perfedavg-hf-10"]
+    results = Path("/tmp") / f"stamen-b4-{os.getpid()}"
+    rows = []
+    for case in cases:
+        for actor in actors:
+            pairs = []
+            for repeat in range(args.repeats):
+                flower = flower_case(case, ACTORS[actor], warmup=args.warmup, rounds=args.rounds, results=results)
+                plain = plain_case(case, warmup=args.warmup, rounds=args.rounds)
+                ratio = statistics.median(flower["round-seconds"]) / statistics.median(plain["round-seconds"])
+                pairs.append({"flower": flower, "plain": plain, "ratio": ratio})
+                print(
+                    f"{case:16s} {actor:40s} repeat {repeat}: flower {statistics.median(flower['round-seconds']):.3f}"
+                    f" s/round, plain {statistics.median(plain['round-seconds']):.3f} s/round, ratio {ratio:.2f}; "
+                    f"start-up {flower['startup-seconds']:.1f} s vs {plain['startup-seconds']:.1f} s",
+                    flush=True,
+                )
+            rows.append({
+                "case": case, "actors": actor, "federation-config": ACTORS[actor],
+                "ratio-median": statistics.median(p["ratio"] for p in pairs),
+                "flower-round-seconds": spread([s for p in pairs for s in p["flower"]["round-seconds"]]),
+                "plain-round-seconds": spread([s for p in pairs for s in p["plain"]["round-seconds"]]),
+                "flower-startup-seconds": statistics.median(p["flower"]["startup-seconds"] for p in pairs),
+                "plain-startup-seconds": statistics.median(p["plain"]["startup-seconds"] for p in pairs),
+                "flower-peak-pss-mib": max(p["flower"]["peak-pss-mib"] for p in pairs),
+                "flower-peak-rss-mib": max(p["flower"]["peak-rss-mib"] for p in pairs),
+                "plain-peak-rss-mib": max(p["plain"]["peak-rss-mib"] for p in pairs),
+                "pairs": pairs,
+            })  # fmt: skip
+            if case == cases[0] and args.quick:
+                break
+    floors = {}
+    for actor in actors:  # Flower's floor: the main case's rounds with no client work
+        floor = flower_case("perfedavg-hf-10", ACTORS[actor], warmup=args.warmup, rounds=args.rounds,
+                            results=results, app_dir=null_app(results / "null-app"))  # fmt: skip
+        floors[actor] = {"round-seconds": spread(floor["round-seconds"]), "startup-seconds": floor["startup-seconds"]}
+        print(f"floor (no client work) {actor}: {floors[actor]['round-seconds']['median']:.3f} s/round", flush=True)
+        if args.quick:
+            break
+    payload = {"benchmark": "B4", "machine": machine(), "cpus": os.cpu_count(), "warmup": args.warmup,
+               "rounds": args.rounds, "repeats": args.repeats, "rows": rows, "floor": floors}  # fmt: skip
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = "overhead_quick" if args.quick else "overhead"
+    (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    lines = ["| case | Ray actors | Flower s/round (median [q1, q3]) | plain s/round | ratio | Flower start-up s | "
+             "plain start-up s | Flower peak PSS / RSS MiB | plain peak RSS MiB |",
+             "|---|---|---|---|---:|---:|---:|---|---:|"]  # fmt: skip
+    for r in rows:
+        f, p = r["flower-round-seconds"], r["plain-round-seconds"]
+        lines.append(f"| {r['case']} | {r['actors']} | {f['median']:.3f} [{f['q1']:.3f}, {f['q3']:.3f}] | "
+                     f"{p['median']:.3f} [{p['q1']:.3f}, {p['q3']:.3f}] | {r['ratio-median']:.2f} | "
+                     f"{r['flower-startup-seconds']:.1f} | {r['plain-startup-seconds']:.1f} | "
+                     f"{r['flower-peak-pss-mib']:.0f} / {r['flower-peak-rss-mib']:.0f} | "
+                     f"{r['plain-peak-rss-mib']:.0f} |")  # fmt: skip
+    lines += ["", "| Ray actors | Flower s/round with no client work (median [q1, q3]) |", "|---|---|"]
+    for actor, floor in floors.items():
+        f = floor["round-seconds"]
+        lines.append(f"| {actor} | {f['median']:.3f} [{f['q1']:.3f}, {f['q3']:.3f}] |")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
