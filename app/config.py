@@ -105,6 +105,7 @@ class Settings:
     # execution and outputs
     device: str = _CLIENT_DEFAULTS.device
     num_threads: int = _CLIENT_DEFAULTS.num_threads
+    server_threads: int = 64
     results_dir: str = "results"
     run_name: str = ""
     checkpoint_every: int = 0
@@ -214,6 +215,7 @@ RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "adapt-lr": (0, INF, True, False),
     "adapt-batch-size": (0, INF, True, False),
     "num-threads": (0, INF, True, False),
+    "server-threads": (1, INF, True, False),
     "alpha": (0, INF, True, False),
     "beta": (0, INF, False, False),
     "delta": (0, INF, False, False),

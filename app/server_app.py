@@ -9,7 +9,9 @@ import numpy as np
 import torch
 from flwr.common import Context, ndarrays_to_parameters
 from flwr.common.logger import log
-from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.server import Server, ServerApp, ServerAppComponents, ServerConfig
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.strategy import Strategy
 
 from app.config import ConfigError, Settings, check_server_files, parse_settings
 from app.registry import METHODS, STRATEGY_NAMES
@@ -117,13 +119,25 @@ def server_fn(context: Context) -> ServerAppComponents:
         run_dir = run_directory(settings.results_dir, settings.run_name, f"{settings.strategy}-{settings.dataset}")
         kwargs["recorder"] = ResultWriter(run_dir=run_dir, settings=settings.as_run_config())
         strategy = method.strategy_class(**kwargs)
-        return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=settings.num_server_rounds))
+        return components(strategy, settings, settings.num_server_rounds)
     # a resumed run continues in the checkpoint's folder, its records and round numbers
     run_dir = checkpoint_file(settings.resume_from).parent
     log(INFO, "stamen: resuming %s after round %d", run_dir, checkpoint.round)
     kwargs["recorder"] = ResultWriter(run_dir=run_dir, settings=settings.as_run_config(), resume_after=checkpoint.round)
     continued = ContinuedRun(strategy=method.strategy_class(**kwargs), checkpoint=checkpoint)
-    return ServerAppComponents(strategy=continued, config=ServerConfig(num_rounds=continued.remaining_rounds))
+    return components(continued, settings, continued.remaining_rounds)
+
+
+def components(strategy: Strategy, settings: Settings, num_rounds: int) -> ServerAppComponents:
+    """Flower's server with ``server-threads`` messages in flight.
+
+    Each message to a client waits in its own thread, which polls for the reply
+    every 0.1 s; with Flower's default pool (CPUs + 4 threads) a 10-client round on
+    2 cores goes out in two waves, which B4 measured at 0.43 s of a round's cost.
+    """
+    server = Server(client_manager=SimpleClientManager(), strategy=strategy)
+    server.set_max_workers(settings.server_threads)
+    return ServerAppComponents(server=server, config=ServerConfig(num_rounds=num_rounds))
 
 
 app = ServerApp(server_fn=server_fn)
