@@ -17,7 +17,7 @@ memory is the largest sum, over the run's processes, of their proportional set s
 (PSS, shared pages divided among the processes sharing them), sampled every 0.2 s;
 RSS sums are given too.
 
-    python bench/overhead.py                  # the README's table: 3 cases x 2 actor settings, 2 repeats
+    python bench/overhead.py                  # the README's table: 3 cases x 2 actor settings, 1 repeat (~25 min)
     python bench/overhead.py --quick          # 1 repeat, 2 + 8 rounds, main case only
     python bench/overhead.py --profile        # plain-loop cProfile of one client message path
 """
@@ -205,7 +205,7 @@ def spread(values: list[float]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="main case only, 1 repeat, 2 + 8 rounds")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1, help="Flower/plain pairs per setting (default 1)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--cases", nargs="*", default=list(CASES))
