@@ -156,6 +156,19 @@ def _wait_for_port(port: int, process: subprocess.Popen, log_path: Path, timeout
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s; log:\n{_tail(log_path)}")
 
 
+def live_processes(groups: list[int]) -> list[str]:
+    """``pid command`` of every process, zombies aside, in the process groups ``groups``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if fields[0] != "Z" and int(fields[2]) in groups:
+                found.append(f"{stat.parent.name} {(stat.parent / 'cmdline').read_bytes()[:80]!r}")
+        except OSError:  # it ended while we looked
+            continue
+    return found
+
+
 def _tail(path: Path, chars: int = 3000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
 
@@ -293,6 +306,10 @@ class LocalDeployment:
         """SIGKILL a SuperNode (a device that loses power): the SuperLink notices when its heartbeat expires."""
         self.nodes[partition].stop(signal.SIGKILL)
 
+    def process_groups(self) -> list[int]:
+        """The process group of every process this deployment started (each leads its own)."""
+        return [item.process.pid for item in (*self.nodes.values(), *self.extra_nodes, self.superlink) if item]
+
     def close(self) -> None:
         """Stop every process this deployment started (SIGTERM, then SIGKILL), then delete a temporary workdir."""
         started = [*self.nodes.values(), *self.extra_nodes, *([self.superlink] if self.superlink else [])]
@@ -304,7 +321,16 @@ class LocalDeployment:
                 item.process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-            item.stop(signal.SIGKILL)  # the group may outlive its leader
+        # A SuperLink stopped while runs are pending may still be starting a ServerApp in
+        # its group: SIGKILL the groups until nothing lives in them.
+        groups, deadline = self.process_groups(), time.monotonic() + 10
+        while live_processes(groups) and time.monotonic() < deadline:
+            for group in groups:
+                try:
+                    os.killpg(group, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.2)
         if self._tmp:
             self._tmp.cleanup()
 

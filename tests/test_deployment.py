@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from app.deploy import CONNECTION, LocalDeployment
+from app.deploy import CONNECTION, LocalDeployment, live_processes
 from app.launcher import FINISHED_OK
 
 RUN_TIMEOUT_S = 280
@@ -49,10 +49,6 @@ def two_round_config(strategy: str, results: Path) -> dict:
     return config
 
 
-def process_groups(deployment: LocalDeployment) -> list[int]:
-    return [p.process.pid for p in (deployment.superlink, *deployment.nodes.values(), *deployment.extra_nodes)]
-
-
 def secure_scenario(workdir: Path) -> dict:
     results = workdir / "results"
     with LocalDeployment(app_dir=REPO, num_nodes=2, tls=True, node_auth=True,
@@ -67,7 +63,7 @@ def secure_scenario(workdir: Path) -> dict:
         ca = deployment.certificates.ca_cert.read_text()
         logs = {s: _log(deployment, run_id) for s, run_id in run_ids.items() if statuses[run_id] != FINISHED_OK}
     return {"statuses": {s: statuses[run_id] for s, run_id in run_ids.items()}, "logs": logs, "results": results,
-            "nodes": nodes, "intruder-exit": intruder_exit, "ca": ca, "groups": process_groups(deployment),
+            "nodes": nodes, "intruder-exit": intruder_exit, "ca": ca, "groups": deployment.process_groups(),
             "intruder-log": intruder.log_path.read_text(errors="replace")}  # fmt: skip
 
 
@@ -95,7 +91,7 @@ def lossy_scenario(workdir: Path) -> dict:
         deployment.kill_node(2)  # as a device losing power after round 1
         status = deployment.wait_all([run_id], timeout_s=RUN_TIMEOUT_S, poll_s=4)[run_id]
         log = _log(deployment, run_id) if status != FINISHED_OK else ""
-    return {"status": status, "log": log, "results": results / "lossy", "groups": process_groups(deployment)}
+    return {"status": status, "log": log, "results": results / "lossy", "groups": deployment.process_groups()}
 
 
 @pytest.fixture(scope="module")
@@ -107,19 +103,6 @@ def scenarios(tmp_path_factory) -> dict[str, Future]:
     }
     yield futures
     pool.shutdown(wait=True)  # each scenario stops its own processes, also when it failed
-
-
-def live_processes(groups: list[int]) -> list[str]:
-    """``pid command`` of every process, zombies aside, in the given process groups."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # it ended while we looked
-            continue
-        if fields[0] != "Z" and int(fields[2]) in groups:
-            found.append(f"{stat.parent.name} {(stat.parent / 'cmdline').read_bytes()[:80]!r}")
-    return found
 
 
 def records(run_dir: Path) -> list[dict]:
