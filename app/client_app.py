@@ -6,8 +6,9 @@ from flwr.client import Client, ClientApp
 from flwr.common import Context
 
 from app.config import ConfigError, parse_settings
-from app.registry import METHODS, STRATEGY_NAMES
-from clients import build_model
+from app.registry import METHODS
+from clients.models import build_model
+from clients.state import ClientState
 from datasets import load_client_data
 
 
@@ -25,21 +26,15 @@ def partition_of(context: Context) -> tuple[int, int]:
 
 
 def client_fn(context: Context) -> Client:
-    """Build this node's client: settings, data (cached per process), model."""
-    settings = parse_settings(context.run_config, STRATEGY_NAMES)
+    """Build this node's client: settings, data (cached per process), model, and its state across rounds."""
+    settings = parse_settings(context.run_config)
     partition_id, num_partitions = partition_of(context)
     data = load_client_data(settings.data_spec(num_partitions), settings.partition_spec(num_partitions), partition_id)
-    model = build_model(
-        settings.model, input_shape=tuple(data.train_x.shape[1:]), num_classes=data.num_classes, seed=settings.seed
-    )
-    client_class = METHODS[settings.strategy].client_class
-    client = client_class(
-        model=model,
-        data=data,
-        settings=settings.client_settings(),
-        partition_id=partition_id,
-        num_partitions=num_partitions,
-    )
+    model = build_model(settings.training.model, input_shape=tuple(data.train_x.shape[1:]),
+                        num_classes=data.num_classes, seed=settings.run.seed)  # fmt: skip
+    method = METHODS[settings.run.strategy]
+    client = method.client(model=model, data=data, settings=settings, partition_id=partition_id,
+                           num_partitions=num_partitions, state=ClientState(context.state, owner=method.contract.name))
     return client.to_client()
 
 

@@ -50,8 +50,8 @@ def child(strategy: str, model: str, batch: int) -> None:
 
     phases["imports"] = peak_mib()
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    config.update({"strategy": strategy, "model": model, "batch-size": batch, "outer-batch-size": batch,
-                   "hessian-batch-size": batch, "adapt-batch-size": batch, "images-per-class": 166,
+    config.update({"strategy": strategy, "model": model, "batch-size": batch, "perfedavg-outer-batch-size": batch,
+                   "perfedavg-hessian-batch-size": batch, "adapt-batch-size": batch, "images-per-class": 166,
                    "device": "cpu", "num-threads": 1})  # fmt: skip
     context = Context(run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 2}, state=RecordDict(),
                       run_config=config)  # fmt: skip
@@ -60,8 +60,8 @@ def child(strategy: str, model: str, batch: int) -> None:
     numpy_client = client.numpy_client if hasattr(client, "numpy_client") else client
     parameters = numpy_client.get_parameters({})
     fit_config = {"lr": 0.05, "local-steps": 10, "local-epochs": 0.0, "batch-size": batch, "server-round": 1,
-                  "alpha": 0.05, "beta": 0.05, "delta": 0.001, "variant": "hf", "outer-batch-size": batch,
-                  "hessian-batch-size": batch}  # fmt: skip
+                  "perfedavg-alpha": 0.05, "perfedavg-beta": 0.05, "perfedavg-delta": 0.001, "perfedavg-variant": "hf",
+                  "perfedavg-outer-batch-size": batch, "perfedavg-hessian-batch-size": batch}  # fmt: skip
     started = time.perf_counter()
     numpy_client.fit(parameters, fit_config)
     fit_seconds = time.perf_counter() - started

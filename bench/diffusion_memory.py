@@ -25,10 +25,10 @@ from flwr.common import Code, FitRes, GetPropertiesRes, Status, ndarrays_to_para
 from flwr.server.client_manager import SimpleClientManager  # noqa: E402
 from flwr.server.client_proxy import ClientProxy  # noqa: E402
 
+from app.config import parse_settings  # noqa: E402
 from bench.common import machine  # noqa: E402
 from clients.models import build_model, parameter_count  # noqa: E402
 from strategies.diffusion import Diffusion  # noqa: E402
-from strategies.topology import NetworkSettings  # noqa: E402
 
 MODELS = (("linear", (10,), 0), ("logreg", (1, 28, 28), 10), ("mlp", (1, 28, 28), 10),
           ("cnn-small", (1, 28, 28), 62), ("cnn", (1, 28, 28), 62))  # fmt: skip
@@ -64,8 +64,9 @@ def measure(name: str, shape: tuple[int, ...], classes: int, agents: int) -> dic
     manager = SimpleClientManager()
     for k in range(agents):
         manager.register(Agent(f"n{k}", k, agents))
-    strategy = Diffusion(network=NetworkSettings(), mu=0.1, local_steps=1, batch_size=1, num_rounds=1,
-                         min_available_clients=agents, initial_parameters=ndarrays_to_parameters(arrays))  # fmt: skip
+    settings = parse_settings({"strategy": "diffusion", "diffusion-mu": 0.1, "local-steps": 1, "batch-size": 1,
+                               "num-server-rounds": 1, "min-available-clients": agents})  # fmt: skip
+    strategy = Diffusion(settings=settings, initial_parameters=ndarrays_to_parameters(arrays))
     tracemalloc.start()
     strategy.initialize_parameters(manager)
     instructions = strategy.configure_fit(1, None, manager)

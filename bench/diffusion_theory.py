@@ -5,7 +5,7 @@ SuperNode per agent) with the ``diffusion`` strategy on the ``least-squares``
 dataset (agents with different true parameters and input distributions), agents'
 participation q_k spread over [0.3, 1] (seeded shuffle), q_lk = 0.7, mini-batches
 of 20 of each agent's 200 rows (so gradients are noisy), and every agent's model
-kept every round (``snapshot-every = 1``). From the snapshots:
+kept every round (``diffusion-snapshot-every = 1``). From the snapshots:
 
 - MSD_i = 1/K sum_k ||w_k,i - w*||^2 per iteration, for w* = the seed's w_o
   (weights p_k q_k) and for w* = the first-order limit (``limit_weights``);
@@ -38,7 +38,6 @@ sys.path.insert(0, str(REPO))
 
 from app.config import parse_settings  # noqa: E402
 from app.launcher import LocalSimulation  # noqa: E402
-from app.registry import STRATEGY_NAMES  # noqa: E402
 from bench.common import RunLog, machine, read_records  # noqa: E402
 from datasets import load_client_data  # noqa: E402
 from datasets.least_squares import least_squares_optimum  # noqa: E402
@@ -56,13 +55,13 @@ def base_config(seed: int, rounds: int) -> dict:
     return {
         "strategy": "diffusion", "dataset": "least-squares", "model": "linear", "partitioner": "natural",
         "synthetic-alpha": 1.0, "synthetic-beta": 0.5, "batch-size": BATCH, "seed": seed,
-        "num-server-rounds": rounds, "eval-every": max(1, rounds // 10), "edge-probability": 0.2,
-        "participation-per-agent": participation(seed), "neighbour-probability": 0.7,
+        "num-server-rounds": rounds, "eval-every": max(1, rounds // 10), "diffusion-edge-probability": 0.2,
+        "diffusion-participation-per-agent": participation(seed), "diffusion-neighbour-probability": 0.7,
     }  # fmt: skip
 
 
 def optima(config: dict) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    settings = parse_settings(config, STRATEGY_NAMES)
+    settings = parse_settings(config)
     parts = [load_client_data(settings.data_spec(AGENTS), settings.partition_spec(AGENTS), k) for k in range(AGENTS)]
     return [p.train_x for p in parts], [p.train_y for p in parts]
 
@@ -108,9 +107,10 @@ def run(sim: LocalSimulation, config: dict, name: str, results: str, federation:
 def compare_fedavg(sim: LocalSimulation, base: dict, xs: list, ys: list, results: str, args) -> dict:
     """Diffusion in eq. 15 mode against the fedavg strategy with the same participation and local work."""
     q, t = 0.5, 5
-    common = {**base, "participation-per-agent": "", "participation": q, "local-steps": t, "mu": MU}
-    diffusion_dir = run(sim, {**common, "mode": "fedavg", "snapshot-every": args.rounds}, "eq15", results,
-                        args.federation)  # fmt: skip
+    common = {**base, "diffusion-participation-per-agent": "", "diffusion-participation": q, "local-steps": t,
+              "diffusion-mu": MU}  # fmt: skip
+    diffusion_dir = run(sim, {**common, "diffusion-mode": "fedavg", "diffusion-snapshot-every": args.rounds},
+                        "eq15", results, args.federation)  # fmt: skip
     fedavg_config = {**common, "strategy": "fedavg", "fraction-fit": q, "lr": MU, "adapt-steps": 0,
                      "aggregation": "examples", "min-fit-clients": 1}  # fmt: skip
     fedavg_dir = run(sim, fedavg_config, "fedavg", results, args.federation)
@@ -205,8 +205,8 @@ def main() -> None:
             for t in steps:
                 steady = {}
                 for mu in (MU, MU / 2):
-                    config = {**base, "graph": graph, "combination": rule, "local-steps": t, "mu": mu,
-                              "snapshot-every": 1}  # fmt: skip
+                    config = {**base, "diffusion-graph": graph, "diffusion-combination": rule, "local-steps": t,
+                              "diffusion-mu": mu, "diffusion-snapshot-every": 1}  # fmt: skip
                     analysis = analysed(config, f"{graph}-{rule}-T{t}-mu{mu}")
                     steady[mu] = analysis["steady-msd"]["limit"]
                     row = {"graph": graph, "combination": rule, "T": t, "mu": mu, "analysis": analysis}

@@ -56,8 +56,9 @@ def run_config(case: str, rounds: int, results: str) -> dict:
         "strategy": strategy, "dataset": "mnist", "data-dir": str(SHARED_DATA / "mnist-10k"),
         "partitioner": "perfedavg-paper", "images-per-class": IMAGES_PER_CLASS, "model": "mlp", "seed": 0,
         "num-server-rounds": rounds, "fraction-fit": fraction, "fraction-evaluate": 0.0, "aggregation": "uniform",
-        "local-steps": 10, "lr": BETA, "beta": BETA, "alpha": ALPHA, "delta": 1e-3, "variant": "hf",
-        "batch-size": 40, "outer-batch-size": 40, "hessian-batch-size": 40, "adapt-batch-size": 40,
+        "local-steps": 10, "lr": BETA, "perfedavg-beta": BETA, "perfedavg-alpha": ALPHA, "perfedavg-delta": 1e-3,
+        "perfedavg-variant": "hf", "batch-size": 40, "perfedavg-outer-batch-size": 40,
+        "perfedavg-hessian-batch-size": 40, "adapt-batch-size": 40,
         "results-dir": results, "run-name": f"{case}-{time.strftime('%H%M%S')}",
     }  # fmt: skip
 
@@ -139,26 +140,24 @@ def plain_loop(case: str, *, warmup: int, rounds: int) -> dict:
     from flwr.common import parameters_to_ndarrays
 
     from app.config import parse_settings
-    from app.registry import METHODS, STRATEGY_NAMES
-    from app.server_app import strategy_arguments
-    from clients import build_model
+    from app.registry import METHODS
+    from app.server_app import initial_parameters
+    from clients.models import build_model
     from datasets import load_client_data
-    from strategies.recorder import NullRecorder
 
     started = time.perf_counter()
-    settings = parse_settings(run_config(case, warmup + rounds, "/tmp"), STRATEGY_NAMES)
-    method = METHODS[settings.strategy]
-    strategy = method.strategy_class(**{**strategy_arguments(settings), **method.strategy_arguments(settings),
-                                        "recorder": NullRecorder()})  # fmt: skip
+    settings = parse_settings(run_config(case, warmup + rounds, "/tmp"))
+    method = METHODS[settings.run.strategy]
+    strategy = method.strategy(settings=settings, initial_parameters=initial_parameters(settings))
     clients = []
     for user in range(USERS):
         data = load_client_data(settings.data_spec(USERS), settings.partition_spec(USERS), user)
-        model = build_model(settings.model, input_shape=tuple(data.train_x.shape[1:]), num_classes=data.num_classes,
-                            seed=settings.seed)  # fmt: skip
-        clients.append(method.client_class(model=model, data=data, settings=settings.client_settings(),
-                                           partition_id=user, num_partitions=USERS))  # fmt: skip
-    params = parameters_to_ndarrays(strategy.initial_parameters)
-    per_round = max(int(USERS * settings.fraction_fit), settings.min_fit_clients)
+        model = build_model(settings.training.model, input_shape=tuple(data.train_x.shape[1:]),
+                            num_classes=data.num_classes, seed=settings.run.seed)  # fmt: skip
+        clients.append(method.client(model=model, data=data, settings=settings, partition_id=user,
+                                     num_partitions=USERS))  # fmt: skip
+    params = parameters_to_ndarrays(strategy.global_parameters)
+    per_round = max(int(USERS * settings.run.fraction_fit), settings.run.min_fit_clients)
     rng = np.random.default_rng(0)
     startup = time.perf_counter() - started
     seconds, losses = [], []

@@ -39,12 +39,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from app.config import parse_settings  # noqa: E402
 from app.launcher import LocalSimulation  # noqa: E402
 from bench.common import interval  # noqa: E402
-from clients.meta import meta_gradient, model_loss  # noqa: E402
+from clients.meta import meta_gradient  # noqa: E402
 from clients.models import build_model  # noqa: E402
 from clients.perfedavg import PerFedAvgClient  # noqa: E402
-from clients.settings import ClientSettings  # noqa: E402
+from clients.training import model_loss  # noqa: E402
 from datasets import ClientData  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "mnist-10k"
@@ -104,20 +105,20 @@ def run_config(
         "aggregation": "uniform",
         "local-steps": row.tau,
         "lr": beta,
-        "beta": beta,
-        "alpha": row.alpha,
-        "delta": 1e-3,
+        "perfedavg-beta": beta,
+        "perfedavg-alpha": row.alpha,
+        "perfedavg-delta": 1e-3,
         "batch-size": row.batch,
-        "outer-batch-size": row.batch,
-        "hessian-batch-size": row.batch,
+        "perfedavg-outer-batch-size": row.batch,
+        "perfedavg-hessian-batch-size": row.batch,
         "adapt-steps": 1,
-        "adapt-lr": 0.0,
+        "adapt-lr": row.alpha,  # every method, FedAvg + update included, adapts with alpha at test time
         "adapt-batch-size": row.batch,
         "results-dir": results,
         "run-name": name,
     }
     if variant:
-        config["variant"] = variant
+        config["perfedavg-variant"] = variant
     return config
 
 
@@ -174,10 +175,11 @@ def step_costs(repeats: int = 41, steps: int = 20) -> dict:
     images = np.random.default_rng(0).integers(0, 256, (200, 1, 28, 28), dtype=np.uint8)
     labels = np.random.default_rng(1).integers(0, 10, 200)
     data = ClientData(train_x=images, train_y=labels, test_x=images[:10], test_y=labels[:10], num_classes=10)
-    client = PerFedAvgClient(model=model, data=data, settings=ClientSettings(), partition_id=0)
+    client = PerFedAvgClient(model=model, data=data, settings=parse_settings({}), partition_id=0)
     variants = ("fo", "hf", "so")
-    local = {v: ClientSettings(variant=v, alpha=0.01, beta=0.01, local_steps=steps, batch_size=BATCH,
-                               outer_batch_size=BATCH, hessian_batch_size=BATCH) for v in variants}  # fmt: skip
+    local = {v: parse_settings({"perfedavg-variant": v, "perfedavg-alpha": 0.01, "perfedavg-beta": 0.01,
+                                "local-steps": steps, "batch-size": BATCH, "perfedavg-outer-batch-size": BATCH,
+                                "perfedavg-hessian-batch-size": BATCH}) for v in variants}  # fmt: skip
     rng = np.random.default_rng(0)
 
     def meta(variant: str) -> None:
@@ -185,7 +187,7 @@ def step_costs(repeats: int = 41, steps: int = 20) -> dict:
             meta_gradient(loss, params, batches, alpha=0.01, variant=variant)
 
     def step(variant: str) -> None:
-        client.local_train(local[variant], rng)
+        client.local_train(local[variant].training, local[variant].method, rng)
 
     times: dict[str, dict[str, list[float]]] = {"meta-gradient": {v: [] for v in variants},
                                                  "local-step": {v: [] for v in variants}}  # fmt: skip

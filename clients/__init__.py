@@ -1,7 +1,5 @@
-"""Flower clients (NumPyClient subclasses), models and the torch maths they run."""
+"""Flower clients (NumPyClient subclasses), models, the local training loop and the torch maths they run.
 
-from clients.base import TorchClient
-from clients.models import MODELS, build_model
-from clients.settings import ClientSettings
-
-__all__ = ["MODELS", "ClientSettings", "TorchClient", "build_model"]
+A client imports its method's contract from ``strategies.contracts`` and nothing
+else from ``strategies``.
+"""

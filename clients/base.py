@@ -1,37 +1,46 @@
-"""The shared torch ``NumPyClient``: parameters in and out, local SGD, personalised evaluation."""
+"""The shared torch ``NumPyClient``: parameters in and out, the round's settings, personalised evaluation."""
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 import torch
 from flwr.client import NumPyClient
 from torch import nn
 
-from clients.settings import ClientSettings
+from clients.state import ClientState
 from clients.training import (
+    ExtraLoss,
+    Step,
     TrainReport,
     batch_indices,
+    batches_of,
     personalised_evaluation,
-    sgd_steps,
     steps_for,
     to_tensor,
+    train_steps,
 )
 from datasets import ClientData
-
-# Metric keys, defined once; strategies read the same strings.
-TRAIN_LOSS = "train-loss"
-GRAD_EVALS = "grad-evals"
-HVP_EVALS = "hvp-evals"
-SAMPLE_GRADS = "sample-grads"
-LOCAL_STEPS = "local-steps"
-ACCURACY = "accuracy"
-GLOBAL_ACCURACY = "global-accuracy"
-GLOBAL_LOSS = "global-loss"
-PARTITION_ID = "partition-id"
-NUM_PARTITIONS = "num-partitions"
+from strategies.contracts.common import (
+    ACCURACY,
+    GLOBAL_ACCURACY,
+    GLOBAL_LOSS,
+    GRAD_EVALS,
+    HVP_EVALS,
+    LOCAL_STEPS,
+    NUM_PARTITIONS,
+    PARTITION_ID,
+    SAMPLE_GRADS,
+    TRAIN_LOSS,
+    Settings,
+    TrainingSettings,
+)
+from strategies.contracts.contract import Contract, MethodSettings
+from strategies.contracts.fedavg import CONTRACT as FEDAVG
 
 
 def round_generator(seed: int, partition_id: int, server_round: int, purpose: str) -> np.random.Generator:
@@ -40,62 +49,114 @@ def round_generator(seed: int, partition_id: int, server_round: int, purpose: st
     return np.random.default_rng(int.from_bytes(digest[:8], "little"))
 
 
+def torch_device(name: str) -> torch.device:
+    """The device to compute on: CUDA when asked for or (``auto``) when present."""
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
 class TorchClient(NumPyClient):
     """A client holding one torch model and its own train/test arrays.
 
-    Subclasses change what a round of local training does by overriding
-    :meth:`local_train`; everything else (parameter exchange, reply metrics,
-    personalised evaluation) is shared.
+    A method's client sets ``contract`` and overrides :meth:`local_train` (and
+    :meth:`check` to refuse, before any work, settings its data cannot serve).
+    Everything else is shared: parameter exchange, the round's settings (the run's,
+    updated with what the server sent in the fit or evaluate config under the same
+    key names), the reply's metrics and the personalised evaluation.
 
     Parameters
     ----------
     model
-        The network; its initial weights are replaced by the server's each message.
+        The network; its weights are replaced by the server's in every message.
     data
         This client's arrays.
     settings
-        Default hyperparameters; a round's config dict may override them.
+        The run's settings; ``settings.method`` is this client's method's.
     partition_id, num_partitions
-        This client's partition and how many there are (reported through
-        ``get_properties``; 0 partitions = not known).
+        This client's partition and how many there are (``get_properties`` reports
+        them; 0 partitions = not known).
+    state
+        What outlives a message (``context.state``); a fresh one by default.
 
     """
+
+    contract: ClassVar[Contract] = FEDAVG
 
     def __init__(
         self,
         *,
         model: nn.Module,
         data: ClientData,
-        settings: ClientSettings,
+        settings: Settings,
         partition_id: int,
         num_partitions: int = 0,
+        state: ClientState | None = None,
     ) -> None:
-        if settings.num_threads > 0:
-            torch.set_num_threads(settings.num_threads)
-        self.settings = settings
+        if not isinstance(settings.method, self.contract.settings):
+            raise TypeError(f"{type(self).__name__} needs {self.contract.settings.__name__}, "
+                            f"got {type(settings.method).__name__}")  # fmt: skip
+        if settings.execution.num_threads > 0:
+            torch.set_num_threads(settings.execution.num_threads)
+        self.training = settings.training
+        self.method = settings.method
+        self.seed = settings.run.seed
         self.partition_id = partition_id
         self.num_partitions = num_partitions
-        self.device = settings.torch_device()
+        self.state = state if state is not None else ClientState(owner=self.contract.name)
+        self.device = torch_device(settings.execution.device)
         self.model = model.to(self.device)
         self.train_x = to_tensor(data.train_x, self.device)
         self.train_y = torch.as_tensor(data.train_y, device=self.device)
         self.test_x = to_tensor(data.test_x, self.device)
         self.test_y = torch.as_tensor(data.test_y, device=self.device)
 
-    # ----------------------------------------------------------------- parameters
+    # ------------------------------------------------------------------ hooks
+
+    def local_train(self, training: TrainingSettings, method: MethodSettings, rng: np.random.Generator) -> TrainReport:
+        """One round of local work from the model the server sent (in ``self.model``)."""
+        raise NotImplementedError(f"{type(self).__name__} must define local_train")
+
+    def check(self, training: TrainingSettings, method: MethodSettings) -> None:
+        """Raise ``ValueError`` if the round's settings cannot work on this client's data (base: all can)."""
+
+    # ----------------------------------------------------------------- helpers
+
+    def local_sgd(
+        self,
+        training: TrainingSettings,
+        rng: np.random.Generator,
+        *,
+        lr: float | None = None,
+        steps: int | None = None,
+        batch_size: int | None = None,
+        extra_loss: ExtraLoss | None = None,
+        on_step: Callable[[Step], None] | None = None,
+    ) -> TrainReport:
+        """SGD on this client's training data: ``lr``, ``batch-size`` and ``local-steps`` or ``local-epochs``.
+
+        A method may change the step size, the number of steps, the batch size, add a
+        loss term or watch every step (see :func:`clients.training.train_steps`).
+        """
+        num = len(self.train_y)
+        batch_size = training.batch_size if batch_size is None else batch_size
+        if steps is None:
+            steps = steps_for(num, batch_size, training.local_steps, training.local_epochs)
+        batches = batches_of(self.train_x, self.train_y, batch_indices(num, batch_size, steps, rng))
+        return train_steps(self.model, batches, training.lr if lr is None else lr, extra_loss=extra_loss,
+                           on_step=on_step)  # fmt: skip
+
+    def settings_for(self, config: dict) -> tuple[TrainingSettings, MethodSettings]:
+        """The run's settings, updated with the values the server sent under the same keys."""
+        return self.training.updated(config), self.method.updated(config)
+
+    # ------------------------------------------------------------- NumPyClient
 
     def get_properties(self, config: dict) -> dict:
         """Partition and sizes; with a fit config, also check it suits this client's data."""
-        self.check_settings(self.settings.updated(config))
-        return {
-            PARTITION_ID: self.partition_id,
-            NUM_PARTITIONS: self.num_partitions,
-            "num-train": len(self.train_y),
-            "num-test": len(self.test_y),
-        }
-
-    def check_settings(self, settings: ClientSettings) -> None:
-        """Raise ``ValueError`` if ``settings`` cannot work on this client's data (base: all can)."""
+        self.check(*self.settings_for(config))
+        return {PARTITION_ID: self.partition_id, NUM_PARTITIONS: self.num_partitions,
+                "num-train": len(self.train_y), "num-test": len(self.test_y)}  # fmt: skip
 
     def get_parameters(self, config: dict) -> list[np.ndarray]:
         # copies: the caller must not see later in-place training through shared memory
@@ -108,49 +169,26 @@ class TorchClient(NumPyClient):
         state = OrderedDict((k, torch.as_tensor(np.asarray(v))) for k, v in zip(keys, parameters, strict=True))
         self.model.load_state_dict(state, strict=True)
 
-    # ------------------------------------------------------------------- training
-
-    def local_train(self, settings: ClientSettings, rng: np.random.Generator) -> TrainReport:
-        """One round of local work; the base class runs plain SGD (FedAvg)."""
-        num = len(self.train_y)
-        steps = steps_for(num, settings.batch_size, settings.local_steps, settings.local_epochs)
-        return sgd_steps(
-            self.model, self.train_x, self.train_y, batch_indices(num, settings.batch_size, steps, rng), settings.lr
-        )
-
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         self.set_parameters(parameters)
-        settings = self.settings.updated(config)
-        self.check_settings(settings)
-        rng = round_generator(settings.seed, self.partition_id, int(config.get("server-round", 0)), "fit")
-        report = self.local_train(settings, rng)
-        metrics = {
-            TRAIN_LOSS: report.mean_loss,
-            LOCAL_STEPS: report.steps,
-            GRAD_EVALS: report.grad_evals,
-            HVP_EVALS: report.hvp_evals,
-            SAMPLE_GRADS: report.sample_grads,
-            PARTITION_ID: self.partition_id,
-            **report.extra,
-        }
+        training, method = self.settings_for(config)
+        self.check(training, method)
+        rng = round_generator(self.seed, self.partition_id, int(config.get("server-round", 0)), "fit")
+        report = self.local_train(training, method, rng)
+        metrics = {TRAIN_LOSS: report.mean_loss, LOCAL_STEPS: report.steps, GRAD_EVALS: report.grad_evals,
+                   HVP_EVALS: report.hvp_evals, SAMPLE_GRADS: report.sample_grads, PARTITION_ID: self.partition_id,
+                   **report.extra}  # fmt: skip
         return self.get_parameters({}), len(self.train_y), metrics
-
-    # ----------------------------------------------------------------- evaluation
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
         """Personalised evaluation: adapt a copy on own training data, test on own test split."""
         self.set_parameters(parameters)
-        settings = self.settings.updated(config)
-        rng = round_generator(settings.seed, self.partition_id, int(config.get("server-round", 0)), "evaluate")
+        training, _ = self.settings_for(config)
+        rng = round_generator(self.seed, self.partition_id, int(config.get("server-round", 0)), "evaluate")
         result = personalised_evaluation(
-            self.model,
-            (self.train_x, self.train_y),
-            (self.test_x, self.test_y),
-            adapt_steps=settings.adapt_steps,
-            adapt_lr=settings.adaptation_lr(),
-            adapt_batch_size=settings.adapt_batch_size,
-            rng=rng,
-        )
+            self.model, (self.train_x, self.train_y), (self.test_x, self.test_y), adapt_steps=training.adapt_steps,
+            adapt_lr=training.adapt_lr, adapt_batch_size=training.adapt_batch_size, rng=rng,
+        )  # fmt: skip
         metrics = {GLOBAL_LOSS: result.global_loss, GRAD_EVALS: result.grad_evals, PARTITION_ID: self.partition_id}
         if not self.test_y.is_floating_point():  # classifiers; least squares has losses only
             metrics |= {ACCURACY: result.accuracy, GLOBAL_ACCURACY: result.global_accuracy}

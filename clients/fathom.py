@@ -8,11 +8,9 @@ import numpy as np
 import torch
 
 from clients.base import TorchClient
-from clients.settings import ClientSettings
-from clients.training import TrainReport, batch_indices, task_loss
-
-PHI = "phi"
-USED_BATCH = "used-batch-size"
+from clients.training import Step, TrainReport
+from strategies.contracts.common import TrainingSettings
+from strategies.contracts.fathom import CONTRACT, PHI, USED_BATCH, FathomSettings
 
 
 def client_plan(num_examples: int, epochs: float, batch_size: float) -> tuple[int, int]:
@@ -23,40 +21,42 @@ def client_plan(num_examples: int, epochs: float, batch_size: float) -> tuple[in
     return batch, max(1, math.ceil(num_examples * epochs / batch))
 
 
-def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Cosine in [-1, 1] (clamped against rounding); 0 where either norm is 0."""
-    norm = float(a.norm()) * float(b.norm())
-    return min(1.0, max(-1.0, float(torch.dot(a, b)) / norm)) if norm > 0 else 0.0
+class Alignment:
+    """``phi = min_k cos(g_k, g_0 + ... + g_k)`` over the steps it is shown: one running sum, no history.
+
+    The displacement after step k is ``lr`` times that sum, and a cosine does not see
+    the positive factor. A cosine is 0 where either norm is 0, and clamped to [-1, 1]
+    against rounding.
+    """
+
+    def __init__(self) -> None:
+        self.running: torch.Tensor | None = None
+        self.phi = math.inf
+
+    def __call__(self, step: Step) -> None:
+        flat = torch.cat([g.reshape(-1) for g in step.direction])
+        self.running = flat.clone() if self.running is None else self.running + flat
+        norm = float(flat.norm()) * float(self.running.norm())
+        cosine = min(1.0, max(-1.0, float(torch.dot(flat, self.running)) / norm)) if norm > 0 else 0.0
+        self.phi = min(self.phi, cosine)
 
 
 class FathomClient(TorchClient):
     """Runs ``K`` SGD steps of size ``lr`` with the batch size FATHOM broadcast, and reports ``phi``.
 
-    The server sends ``lr``, ``local-epochs`` (E, real) and ``batch-size`` (B, real;
-    the settings hold its nearest integer) in the fit config; this client turns them
-    into its own batch size and number of steps with :func:`client_plan`, tracks
-    ``phi`` as it goes (one running sum of the gradients, no history kept), and
-    returns ``phi`` and the batch size it used besides the shared metrics (steps,
-    per-example gradients).
+    The server sends ``lr``, ``local-epochs`` (E, real) and ``batch-size`` (B, real; the
+    round's settings hold its nearest integer) in the fit config; this client turns
+    them into its own batch size and number of steps with :func:`client_plan`, tracks
+    ``phi`` as it goes, and returns ``phi`` and the batch size it used besides the
+    shared metrics.
     """
 
-    def local_train(self, settings: ClientSettings, rng: np.random.Generator) -> TrainReport:
-        num = len(self.train_y)
-        batch, steps = client_plan(num, settings.local_epochs, settings.batch_size)
-        params = tuple(self.model.parameters())
-        self.model.train()
-        losses, running, phi = [], None, math.inf
-        for idx in batch_indices(num, batch, steps, rng):
-            index = torch.as_tensor(idx, device=self.train_x.device)
-            loss = task_loss(self.model(self.train_x[index]), self.train_y[index])
-            grads = torch.autograd.grad(loss, params)
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            running = flat.clone() if running is None else running + flat
-            phi = min(phi, _cosine(flat, running))
-            with torch.no_grad():
-                for param, grad in zip(params, grads, strict=True):
-                    param.sub_(settings.lr * grad)
-            losses.append(loss.item())
+    contract = CONTRACT
+
+    def local_train(self, training: TrainingSettings, method: FathomSettings, rng: np.random.Generator) -> TrainReport:
+        batch, steps = client_plan(len(self.train_y), training.local_epochs, training.batch_size)
+        alignment = Alignment()
+        report = self.local_sgd(training, rng, steps=steps, batch_size=batch, on_step=alignment)
         # what this client received and used, so a run's records show the broadcast arriving
-        extra = {PHI: phi, USED_BATCH: batch, "lr": settings.lr, "local-epochs": settings.local_epochs}
-        return TrainReport(float(np.mean(losses)), steps, steps, steps * batch, extra=extra)
+        extra = {PHI: alignment.phi, USED_BATCH: batch, "lr": training.lr, "local-epochs": training.local_epochs}
+        return TrainReport(report.mean_loss, report.steps, report.grad_evals, report.sample_grads, extra=extra)

@@ -16,37 +16,13 @@ For client loss ``f`` and parameters ``w`` (ALGORITHMS.md, section 1):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
-from torch.func import functional_call
 
-from clients.training import task_loss
-
-VARIANTS = ("fo", "hf", "so")
-Params = tuple[Tensor, ...]
-Batch = tuple[Tensor, Tensor]
-LossFn = Callable[[Params, Batch], Tensor]
-
-
-def model_loss(model: nn.Module) -> LossFn:
-    """The task loss of ``model`` at the given parameters (in ``named_parameters`` order)."""
-    names = [name for name, _ in model.named_parameters()]
-
-    def loss(params: Params, batch: Batch) -> Tensor:
-        x, y = batch
-        return task_loss(functional_call(model, dict(zip(names, params, strict=True)), (x,)), y)
-
-    return loss
-
-
-def gradient(loss_fn: LossFn, params: Params, batch: Batch) -> tuple[Params, Tensor]:
-    """``grad(params, batch)`` and the loss there; the inputs are not changed."""
-    leaves = tuple(p.detach().requires_grad_(True) for p in params)
-    loss = loss_fn(leaves, batch)
-    return torch.autograd.grad(loss, leaves), loss.detach()
+from clients.training import Batch, ExtraLoss, LossFn, Params, Step, axpy, gradient
+from strategies.contracts.perfedavg import VARIANTS
 
 
 def hessian_vector_product(loss_fn: LossFn, params: Params, vector: Params, batch: Batch) -> Params:
@@ -61,11 +37,6 @@ def finite_difference_hvp(loss_fn: LossFn, params: Params, vector: Params, batch
     plus, _ = gradient(loss_fn, axpy(params, vector, delta), batch)
     minus, _ = gradient(loss_fn, axpy(params, vector, -delta), batch)
     return tuple((a - b) / (2.0 * delta) for a, b in zip(plus, minus, strict=True))
-
-
-def axpy(params: Params, direction: Sequence[Tensor], scale: float) -> Params:
-    """``params + scale * direction``, as new tensors."""
-    return tuple(p + scale * d for p, d in zip(params, direction, strict=True))
 
 
 @dataclass(frozen=True)
@@ -129,18 +100,18 @@ def meta_gradient(
     return MetaGradient(axpy(outer, curvature, -alpha), float(outer_loss), grad_evals, hvp_evals)
 
 
-def check_meta_settings(
-    *, alpha: float, beta: float, delta: float, variant: str, batch_sizes: dict[str, int], num_examples: int
-) -> None:
-    """Refuse hyperparameters Per-FedAvg cannot use, naming the key and what is allowed."""
-    if not alpha >= 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha}")
-    if not beta > 0:
-        raise ValueError(f"beta must be > 0, got {beta}")
-    if not delta > 0:
-        raise ValueError(f"delta must be > 0, got {delta}")
-    if variant not in VARIANTS:
-        raise ValueError(f"variant {variant!r} is not one of {list(VARIANTS)}")
-    for key, size in batch_sizes.items():
-        if not 1 <= size <= num_examples:
-            raise ValueError(f"{key} {size} must be in [1, {num_examples}] (this client's training examples)")
+def meta_direction(
+    *, alpha: float, variant: str, delta: float
+) -> Callable[[LossFn, Params, object, ExtraLoss | None], Step]:
+    """Per-FedAvg's step for :func:`clients.training.train_steps`: its batch is ``(D, D', D'')``."""
+
+    def direction(loss_fn: LossFn, params: Params, batches: object, extra_loss: ExtraLoss | None = None) -> Step:
+        if extra_loss is not None:
+            raise ValueError("Per-FedAvg's meta-gradient takes no extra loss term")
+        inner, outer, hessian = batches
+        step = meta_gradient(loss_fn, params, (inner, outer, hessian), alpha=alpha, variant=variant, delta=delta)
+        # per-example gradients: D and D' once each; D'' twice for hf, once (as an HVP) for so
+        sample_grads = len(inner[1]) + len(outer[1]) + {"fo": 0, "hf": 2, "so": 1}[variant] * len(hessian[1])
+        return Step(step.direction, step.outer_loss, step.grad_evals, sample_grads, step.hvp_evals)
+
+    return direction

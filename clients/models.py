@@ -7,8 +7,8 @@ import math
 import torch
 from torch import nn
 
-MODELS = ("mlp", "cnn", "cnn-small", "logreg", "linear")
-IMAGE_MODELS = ("cnn", "cnn-small")
+from strategies.contracts.common import MODELS
+
 # (conv1 channels, conv2 channels, hidden units): the LEAF network and a CPU-sized one
 # with a quarter of its channels and an eighth of its hidden layer (57,694 parameters
 # on FEMNIST against 1,690,046), so benchmark B2 fits in an hour on 2 cores.

@@ -1,64 +1,45 @@
-"""The Per-FedAvg client: ``local-steps`` meta-updates with step ``beta`` per round."""
+"""The Per-FedAvg client: ``local-steps`` meta-updates with step ``perfedavg-beta`` per round."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
-import torch
 
 from clients.base import TorchClient
-from clients.meta import axpy, check_meta_settings, meta_gradient, model_loss
-from clients.settings import ClientSettings
-from clients.training import TrainReport
+from clients.meta import meta_direction
+from clients.training import Batch, TrainReport, batches_of, train_steps
+from strategies.contracts.common import TrainingSettings
+from strategies.contracts.perfedavg import CONTRACT, PerFedAvgSettings, check_batches
 
 
 class PerFedAvgClient(TorchClient):
     """Runs Per-FedAvg's local updates (ALGORITHMS.md section 1, seed eq. 7-8).
 
-    Each of the ``local_steps`` (tau) updates draws three independent batches
-    ``D``, ``D'``, ``D''`` of sizes ``batch_size``, ``outer_batch_size`` and
-    ``hessian_batch_size`` from the client's training data (each without
+    Each of the ``local-steps`` (tau) updates draws three independent batches D, D',
+    D'' of sizes ``batch-size``, ``perfedavg-outer-batch-size`` and
+    ``perfedavg-hessian-batch-size`` from the client's training data (each without
     replacement; they may overlap one another), estimates the meta-gradient with
-    ``variant`` and steps ``w <- w - beta * direction``. Evaluation is the shared
-    personalised protocol (one step of size ``alpha`` by default).
+    ``perfedavg-variant`` and steps ``w <- w - beta * direction``. Evaluation is the
+    shared personalised protocol (the server sends alpha as the adaptation step).
     """
 
-    def check_settings(self, settings: ClientSettings) -> None:
-        check_meta_settings(
-            alpha=settings.alpha,
-            beta=settings.beta,
-            delta=settings.delta,
-            variant=settings.variant,
-            batch_sizes={
-                "batch-size": settings.batch_size,
-                "outer-batch-size": settings.outer_batch_size,
-                "hessian-batch-size": settings.hessian_batch_size,
-            },
-            num_examples=len(self.train_y),
-        )
+    contract = CONTRACT
 
-    def local_train(self, settings: ClientSettings, rng: np.random.Generator) -> TrainReport:
-        loss_fn = model_loss(self.model)
-        params = tuple(p.detach() for p in self.model.parameters())
-        sizes = (settings.batch_size, settings.outer_batch_size, settings.hessian_batch_size)
+    def check(self, training: TrainingSettings, method: PerFedAvgSettings) -> None:
+        check_batches(method, training.batch_size, len(self.train_y))
+
+    def local_train(
+        self, training: TrainingSettings, method: PerFedAvgSettings, rng: np.random.Generator
+    ) -> TrainReport:
+        sizes = tuple(method.batch_sizes(training.batch_size).values())
+        direction = meta_direction(alpha=method.alpha, variant=method.variant, delta=method.delta)
+        return train_steps(self.model, self.meta_batches(sizes, training.local_steps, rng), method.beta,
+                           direction=direction)  # fmt: skip
+
+    def meta_batches(self, sizes: tuple[int, ...], steps: int, rng: np.random.Generator) -> Iterator[tuple[Batch, ...]]:
+        """``steps`` triples (D, D', D''), each batch drawn without replacement, independently of the others."""
         num = len(self.train_y)
-        losses, grad_evals, hvp_evals, sample_grads = [], 0, 0, 0
-        self.model.train()
-        for _ in range(settings.local_steps):
-            batches = tuple(self._batch(rng.choice(num, size, replace=False)) for size in sizes)
-            step = meta_gradient(
-                loss_fn, params, batches, alpha=settings.alpha, variant=settings.variant, delta=settings.delta
-            )
-            params = axpy(params, step.direction, -settings.beta)
-            losses.append(step.outer_loss)
-            grad_evals += step.grad_evals
-            hvp_evals += step.hvp_evals
-            # per-example gradients: D and D' once each; D'' twice for hf, once (as an HVP) for so
-            sample_grads += sizes[0] + sizes[1] + {"fo": 0, "hf": 2, "so": 1}[settings.variant] * sizes[2]
-        with torch.no_grad():
-            for target, value in zip(self.model.parameters(), params, strict=True):
-                target.copy_(value)
-        return TrainReport(float(np.mean(losses)), settings.local_steps, grad_evals, sample_grads, hvp_evals)
-
-    def _batch(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.as_tensor(idx, device=self.train_x.device)
-        return self.train_x[index], self.train_y[index]
+        for _ in range(steps):
+            indices = [rng.choice(num, size, replace=False) for size in sizes]
+            yield tuple(batches_of(self.train_x, self.train_y, indices))

@@ -1,18 +1,41 @@
-"""Local training and personalised evaluation as plain torch functions (no Flower)."""
+"""The one local training loop, and personalised evaluation, as plain torch functions (no Flower).
+
+Every client trains through :func:`train_steps`: from a model's parameters it takes
+one step per batch, ``w <- w - lr * direction``, and returns the model's new
+parameters with what the steps cost. What a step is can change in three places:
+
+- ``direction``: the default is the gradient of the task loss (SGD); Per-FedAvg
+  passes its meta-gradient, whose batch is the triple (D, D', D'').
+- ``extra_loss``: a term added to the loss before differentiating, as a function
+  of the parameters (FedProx's proximal term, Ditto's regulariser); the training
+  loss reported stays the task's.
+- ``on_step``: called after every step with that step (FATHOM's ``phi`` watches
+  the gradients go by).
+
+Parameters are never modified in place while training: every step makes new
+tensors (``torch.func.functional_call`` evaluates the model at them), and the
+model is updated once, at the end.
+"""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.func import functional_call
 from torch.nn import functional as F
 
+Params = tuple[Tensor, ...]
+Batch = tuple[Tensor, Tensor]
+LossFn = Callable[[Params, Batch], Tensor]
+ExtraLoss = Callable[[Params], Tensor]
 
-def task_loss(output: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+
+def task_loss(output: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     """Cross-entropy for class labels; half the squared error for real targets (least squares).
 
     The task follows the labels' dtype, so one training loop serves classifiers and
@@ -24,11 +47,112 @@ def task_loss(output: torch.Tensor, target: torch.Tensor, reduction: str = "mean
     return F.cross_entropy(output, target, reduction=reduction)
 
 
-def to_tensor(x: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Inputs as float32 on ``device``; uint8 images are scaled to [0, 1]."""
-    tensor = torch.from_numpy(np.ascontiguousarray(x))
-    tensor = tensor.float().div_(255.0) if tensor.dtype == torch.uint8 else tensor.float()
-    return tensor.to(device)
+def model_loss(model: nn.Module) -> LossFn:
+    """The task loss of ``model`` at the given parameters (in ``named_parameters`` order)."""
+    names = [name for name, _ in model.named_parameters()]
+
+    def loss(params: Params, batch: Batch) -> Tensor:
+        x, y = batch
+        return task_loss(functional_call(model, dict(zip(names, params, strict=True)), (x,)), y)
+
+    return loss
+
+
+def gradient(
+    loss_fn: LossFn, params: Params, batch: Batch, extra_loss: ExtraLoss | None = None
+) -> tuple[Params, Tensor]:
+    """The gradient of ``loss_fn (+ extra_loss)`` at ``params`` and the task loss there; the inputs are not changed."""
+    leaves = tuple(p.detach().requires_grad_(True) for p in params)
+    loss = loss_fn(leaves, batch)
+    total = loss if extra_loss is None else loss + extra_loss(leaves)
+    return torch.autograd.grad(total, leaves), loss.detach()
+
+
+def axpy(params: Params, direction: Iterable[Tensor], scale: float) -> Params:
+    """``params + scale * direction``, as new tensors."""
+    return tuple(p + scale * d for p, d in zip(params, direction, strict=True))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One local step: the direction taken (before the step size), the task loss, and what it cost."""
+
+    direction: Params
+    loss: float
+    grad_evals: int
+    sample_grads: int
+    hvp_evals: int = 0
+
+
+Direction = Callable[[LossFn, Params, object, ExtraLoss | None], Step]
+
+
+def gradient_direction(loss_fn: LossFn, params: Params, batch: Batch, extra_loss: ExtraLoss | None = None) -> Step:
+    """SGD's direction: the mini-batch gradient (one gradient evaluation, one per example)."""
+    grads, loss = gradient(loss_fn, params, batch, extra_loss)
+    return Step(grads, float(loss), 1, len(batch[1]))
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    """What a round of local training cost and achieved."""
+
+    mean_loss: float
+    steps: int
+    grad_evals: int
+    sample_grads: int
+    hvp_evals: int = 0
+    extra: dict = field(default_factory=dict)  # method-specific scalar metrics for the reply
+
+
+def train_steps(
+    model: nn.Module,
+    batches: Iterable[object],
+    lr: float,
+    *,
+    direction: Direction = gradient_direction,
+    extra_loss: ExtraLoss | None = None,
+    on_step: Callable[[Step], None] | None = None,
+) -> TrainReport:
+    """``w <- w - lr * direction(w, batch)`` for every batch, then the model holds the final ``w``.
+
+    Parameters
+    ----------
+    model
+        The network; its parameters are the starting point and receive the result.
+    batches
+        What each step consumes: ``(x, y)`` for SGD, ``(D, D', D'')`` for Per-FedAvg.
+    lr
+        The step size.
+    direction
+        Maps ``(loss_fn, params, batch, extra_loss)`` to a :class:`Step`.
+    extra_loss
+        Added to the task loss before differentiating (a function of the parameters).
+    on_step
+        Called with every step, after it is taken.
+
+    """
+    loss_fn = model_loss(model)
+    params = tuple(p.detach() for p in model.parameters())
+    model.train()
+    losses, grad_evals, hvp_evals, sample_grads = [], 0, 0, 0
+    for batch in batches:
+        step = direction(loss_fn, params, batch, extra_loss)
+        params = axpy(params, step.direction, -lr)
+        if on_step is not None:
+            on_step(step)
+        losses.append(step.loss)
+        grad_evals += step.grad_evals
+        hvp_evals += step.hvp_evals
+        sample_grads += step.sample_grads
+    with torch.no_grad():
+        for target, value in zip(model.parameters(), params, strict=True):
+            target.copy_(value)
+    mean = float(np.mean(losses)) if losses else float("nan")
+    return TrainReport(mean, len(losses), grad_evals, sample_grads, hvp_evals)
+
+
+# ------------------------------------------------------------------ batches
 
 
 def batch_indices(num_examples: int, batch_size: int, steps: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
@@ -46,6 +170,13 @@ def batch_indices(num_examples: int, batch_size: int, steps: int, rng: np.random
         cursor += size
 
 
+def batches_of(x: Tensor, y: Tensor, indices: Iterable[np.ndarray]) -> Iterator[Batch]:
+    """``(x[idx], y[idx])`` for every index array."""
+    for idx in indices:
+        index = torch.as_tensor(idx, device=x.device)
+        yield x[index], y[index]
+
+
 def steps_for(num_examples: int, batch_size: int, local_steps: int, local_epochs: float) -> int:
     """Local SGD steps: ``local_epochs`` passes when positive, else ``local_steps``."""
     if local_epochs > 0:
@@ -54,38 +185,18 @@ def steps_for(num_examples: int, batch_size: int, local_steps: int, local_epochs
     return local_steps
 
 
-@dataclass(frozen=True)
-class TrainReport:
-    """What a round of local training cost and achieved."""
-
-    mean_loss: float
-    steps: int
-    grad_evals: int
-    sample_grads: int
-    hvp_evals: int = 0
-    extra: dict = field(default_factory=dict)  # method-specific scalar metrics for the reply
+def to_tensor(x: np.ndarray, device: torch.device) -> Tensor:
+    """Inputs as float32 on ``device``; uint8 images are scaled to [0, 1]."""
+    tensor = torch.from_numpy(np.ascontiguousarray(x))
+    tensor = tensor.float().div_(255.0) if tensor.dtype == torch.uint8 else tensor.float()
+    return tensor.to(device)
 
 
-def sgd_steps(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batches: Iterator[np.ndarray], lr: float
-) -> TrainReport:
-    """Plain SGD on the given batches; returns the mean training loss and the work done."""
-    model.train()
-    losses, sample_grads = [], 0
-    for idx in batches:
-        index = torch.as_tensor(idx, device=x.device)
-        loss = task_loss(model(x[index]), y[index])
-        grads = torch.autograd.grad(loss, tuple(model.parameters()))
-        with torch.no_grad():
-            for param, grad in zip(model.parameters(), grads, strict=True):
-                param.sub_(lr * grad)
-        losses.append(loss.item())
-        sample_grads += len(idx)
-    return TrainReport(float(np.mean(losses)) if losses else float("nan"), len(losses), len(losses), sample_grads)
+# --------------------------------------------------------------- evaluation
 
 
 @torch.no_grad()
-def accuracy_and_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int = 2048) -> tuple[float, float]:
+def accuracy_and_loss(model: nn.Module, x: Tensor, y: Tensor, chunk: int = 2048) -> tuple[float, float]:
     """Accuracy and mean loss of ``model`` on ``(x, y)``, in chunks (accuracy NaN for regression)."""
     model.eval()
     correct, total_loss = 0, 0.0
@@ -112,8 +223,8 @@ class PersonalisedResult:
 
 def personalised_evaluation(
     model: nn.Module,
-    train: tuple[torch.Tensor, torch.Tensor],
-    test: tuple[torch.Tensor, torch.Tensor],
+    train: Batch,
+    test: Batch,
     *,
     adapt_steps: int,
     adapt_lr: float,
@@ -129,6 +240,6 @@ def personalised_evaluation(
     adapted = copy.deepcopy(model)
     num_train = len(train[1])
     batch = num_train if adapt_batch_size == 0 else adapt_batch_size
-    report = sgd_steps(adapted, *train, batch_indices(num_train, batch, adapt_steps, rng), adapt_lr)
+    report = train_steps(adapted, batches_of(*train, batch_indices(num_train, batch, adapt_steps, rng)), adapt_lr)
     accuracy, loss = accuracy_and_loss(adapted, *test)
     return PersonalisedResult(accuracy, loss, global_accuracy, global_loss, report.grad_evals)

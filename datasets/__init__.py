@@ -9,6 +9,8 @@ from datasets.partition import PAPER_VARIANTS, PARTITIONERS, PartitionSpec, part
 from datasets.registry import (
     DATASETS,
     EMNIST_SPLITS,
+    GENERATED,
+    NATURAL,
     NEEDS_DATA_DIR,
     ClientData,
     DataSpec,
@@ -21,6 +23,8 @@ from datasets.registry import (
 __all__ = [
     "DATASETS",
     "EMNIST_SPLITS",
+    "GENERATED",
+    "NATURAL",
     "NEEDS_DATA_DIR",
     "PAPER_VARIANTS",
     "PARTITIONERS",

@@ -25,6 +25,7 @@ from datasets.torchvision_sources import EMNIST_CLASSES, load_cifar10, load_mnis
 
 DATASETS = ("mnist-5k", "mnist", "fashion-mnist", "emnist", "cifar10", "femnist", "synthetic", "least-squares")
 GENERATED = ("synthetic", "least-squares")  # one generated user per partition
+NATURAL = ("femnist", "synthetic", "least-squares")  # data with its own users (the natural partitioner)
 NEEDS_DATA_DIR = ("mnist", "fashion-mnist", "emnist", "cifar10", "femnist")
 EMNIST_SPLITS = tuple(EMNIST_CLASSES)
 

@@ -1,7 +1,5 @@
-"""Flower strategies (server side) and the pure maths they rely on."""
+"""Flower strategies (server side), the parts they are built from, and the pure maths they rely on.
 
-from strategies.fedavg import PersonalisedFedAvg
-from strategies.perfedavg import PerFedAvg
-from strategies.recorder import NullRecorder, Recorder
-
-__all__ = ["NullRecorder", "PerFedAvg", "PersonalisedFedAvg", "Recorder"]
+This package's ``__init__`` imports nothing: a client imports its method's contract
+(``strategies.contracts.<method>``) without loading any server code.
+"""

@@ -22,40 +22,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-LOCAL_TERMS = ("cosine", "eq12")
+from strategies.contracts.fathom import FathomSettings
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     """Cosine of the angle between two vectors; 0 where either norm is 0."""
     norm = float(np.linalg.norm(a)) * float(np.linalg.norm(b))
     return float(np.dot(a.ravel(), b.ravel()) / norm) if norm > 0 else 0.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class FathomSettings:
-    """Hyper-step sizes, smoothing, bounds and the local-term reading (seed Algorithm 1 defaults)."""
-
-    gamma_lr: float = 0.01
-    gamma_epochs: float = 0.01
-    gamma_batch: float = 0.1
-    smoothing: float = 0.5
-    lr_bounds: tuple[float, float] = (1e-4, 1.0)
-    epochs_bounds: tuple[float, float] = (0.01, 10.0)
-    batch_bounds: tuple[float, float] = (1.0, 5096.0)
-    local_term: str = "cosine"
-
-    def __post_init__(self) -> None:
-        for name in ("gamma_lr", "gamma_epochs", "gamma_batch"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.smoothing < 1:
-            raise ValueError(f"smoothing must be in [0, 1), got {self.smoothing}")
-        for name in ("lr_bounds", "epochs_bounds", "batch_bounds"):
-            low, high = getattr(self, name)
-            if not 0 < low <= high:
-                raise ValueError(f"{name.replace('_', '-')} must satisfy 0 < low <= high, got {(low, high)}")
-        if self.local_term not in LOCAL_TERMS:
-            raise ValueError(f"local-term {self.local_term!r} is not one of {list(LOCAL_TERMS)}")
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

@@ -7,8 +7,8 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from strategies.base import FederatedStrategy
 from strategies.checkpoint import Checkpoint
-from strategies.fedavg import PersonalisedFedAvg
 
 
 class ContinuedRun(Strategy):
@@ -29,7 +29,7 @@ class ContinuedRun(Strategy):
 
     """
 
-    def __init__(self, *, strategy: PersonalisedFedAvg, checkpoint: Checkpoint) -> None:
+    def __init__(self, *, strategy: FederatedStrategy, checkpoint: Checkpoint) -> None:
         if checkpoint.round >= strategy.num_rounds:
             raise ValueError(
                 f"num-server-rounds = {strategy.num_rounds} must exceed the checkpoint's round {checkpoint.round}"
@@ -47,7 +47,7 @@ class ContinuedRun(Strategy):
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         self.strategy.initialize_parameters(client_manager)
-        return self.strategy.restore(self.checkpoint)
+        return self.strategy.resume(self.checkpoint)
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -79,3 +79,6 @@ class ContinuedRun(Strategy):
         if server_round == 0:  # Flower's check of the starting model: done in the original run
             return None
         return self.strategy.evaluate(server_round + self.offset, parameters)
+
+    def end_round(self, server_round: int) -> None:
+        self.strategy.end_round(server_round + self.offset)

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-GRAPHS = ("ring", "grid", "star", "full", "erdos-renyi", "file")
-COMBINATIONS = ("metropolis", "uniform", "file")
-MODES = ("diffusion", "fedavg", "fedsgd")
+from strategies.contracts.diffusion import COMBINATIONS, GRAPHS, DiffusionSettings, parse_probabilities
+
 STOCHASTIC_TOL = 1e-9
 MAX_GRAPH_DRAWS = 1000
 
@@ -73,7 +72,7 @@ def make_graph(
         adjacency[:] = True
     elif kind == "erdos-renyi":
         if not 0.0 < edge_probability <= 1.0:
-            raise ValueError(f"edge-probability must be in (0, 1], got {edge_probability}")
+            raise ValueError(f"diffusion-edge-probability must be in (0, 1], got {edge_probability}")
         rng = np.random.default_rng(seed)
         for _ in range(MAX_GRAPH_DRAWS):
             upper = np.triu(rng.random((k, k)) < edge_probability, 1)
@@ -83,7 +82,7 @@ def make_graph(
         else:
             raise ValueError(
                 f"no connected Erdos-Renyi graph on {k} agents in {MAX_GRAPH_DRAWS} draws with "
-                f"edge-probability {edge_probability}; raise it"
+                f"diffusion-edge-probability {edge_probability}; raise it"
             )
     else:
         adjacency = read_edge_list(path, k)
@@ -102,10 +101,12 @@ def read_edge_list(path: str | Path, num_agents: int) -> np.ndarray:
         try:
             a, b = (int(v) for v in text.replace(",", " ").split())
         except ValueError as err:
-            raise ValueError(f"graph-file {path} line {number}: expected two agent numbers, got {line!r}") from err
+            raise ValueError(
+                f"diffusion-graph-file {path} line {number}: expected two agent numbers, got {line!r}"
+            ) from err
         if not (0 <= a < num_agents and 0 <= b < num_agents):
             raise ValueError(
-                f"graph-file {path} line {number}: agent {max(a, b)} is outside 0..{num_agents - 1} "
+                f"diffusion-graph-file {path} line {number}: agent {max(a, b)} is outside 0..{num_agents - 1} "
                 f"(the federation has {num_agents} partitions)"
             )
         adjacency[a, b] = adjacency[b, a] = True
@@ -146,7 +147,7 @@ def combination_matrix(rule: str, adjacency: np.ndarray, *, path: str | Path = "
     else:
         matrix = np.loadtxt(path, dtype=np.float64, ndmin=2)
         if matrix.shape != adjacency.shape:
-            raise ValueError(f"combination-file {path} is {matrix.shape}, expected {adjacency.shape}")
+            raise ValueError(f"diffusion-combination-file {path} is {matrix.shape}, expected {adjacency.shape}")
     check_combination(matrix, adjacency)
     return matrix
 
@@ -167,24 +168,11 @@ def check_combination(matrix: np.ndarray, adjacency: np.ndarray) -> None:
 # --------------------------------------------------------------- mean behaviour
 
 
-def parse_probabilities(text: str) -> np.ndarray:
-    """Per-agent probabilities from ``"0.3,0.5,..."`` or from a file of numbers; each in (0, 1]."""
-    path = Path(text).expanduser()
-    body = path.read_text() if path.is_file() else text
-    try:
-        values = np.array([float(v) for v in body.replace(",", " ").split()])
-    except ValueError as err:
-        raise ValueError(f"{text!r} is neither a file nor comma-separated numbers") from err
-    if values.size == 0 or np.any((values <= 0) | (values > 1)):
-        raise ValueError(f"needs one or more numbers in (0, 1], got {values.tolist()}")
-    return values
-
-
 def neighbour_probabilities(value: float | np.ndarray, num_agents: int) -> np.ndarray:
     """``q_lk`` as a ``(K, K)`` matrix from one number or a matrix."""
     q = np.broadcast_to(np.asarray(value, dtype=np.float64), (num_agents, num_agents)).copy()
     if np.any((q < 0) | (q > 1)):
-        raise ValueError("neighbour-probability must be in [0, 1]")
+        raise ValueError("diffusion-neighbour-probability must be in [0, 1]")
     return q
 
 
@@ -309,22 +297,6 @@ def disagreement(models: np.ndarray, chunk: int = 8) -> float:
 # ------------------------------------------------------------------- a network
 
 
-@dataclass(frozen=True, kw_only=True)
-class NetworkSettings:
-    """How to build the agents' network (the run-config keys of the same names)."""
-
-    mode: str = "diffusion"
-    graph: str = "ring"
-    edge_probability: float = 0.3
-    graph_file: str = ""
-    combination: str = "metropolis"
-    combination_file: str = ""
-    participation: float = 1.0
-    participation_per_agent: str = ""
-    neighbour_probability: float = 1.0
-    seed: int = 0
-
-
 @dataclass(frozen=True, eq=False)
 class Network:
     """A built network: graph, combination matrix, probabilities and the weights of the limit.
@@ -366,32 +338,25 @@ class Network:
         return out
 
 
-def build_network(settings: NetworkSettings, num_agents: int) -> Network:
+def build_network(settings: DiffusionSettings, num_agents: int, *, seed: int = 0) -> Network:
     """Graph, combination matrix, ``q_k``, ``q_lk``, ``A_bar`` and the objective weights for K agents.
+
+    ``seed`` draws the Erdos-Renyi graph.
 
     Raises
     ------
     ValueError
-        For an unknown mode, a graph or matrix that cannot be used, or per-agent
-        participation with a count other than K.
+        For a graph or matrix that cannot be used, or per-agent participation with a
+        count other than K (the settings themselves were checked when they were built).
 
     """
-    if settings.mode not in MODES:
-        raise ValueError(f"mode {settings.mode!r} is not one of {list(MODES)}")
     if settings.participation_per_agent:
         participation = parse_probabilities(settings.participation_per_agent)
         if len(participation) != num_agents:
-            raise ValueError(
-                f"participation-per-agent has {len(participation)} values but the federation has {num_agents} agents"
-            )
+            raise ValueError(f"diffusion-participation-per-agent has {len(participation)} values but the federation "
+                             f"has {num_agents} agents")  # fmt: skip
     else:
-        if not 0.0 <= settings.participation <= 1.0:
-            raise ValueError(f"participation must be in [0, 1], got {settings.participation}")
         participation = np.full(num_agents, settings.participation)
-    if np.any(participation <= 0):
-        raise ValueError(
-            f"participation: agent {int(np.argmin(participation))} never takes part (q_k = 0); every q_k must be > 0"
-        )
     neighbour_q = neighbour_probabilities(settings.neighbour_probability, num_agents)
     if settings.mode != "diffusion":
         adjacency = np.ones((num_agents, num_agents), dtype=bool)
@@ -399,7 +364,7 @@ def build_network(settings: NetworkSettings, num_agents: int) -> Network:
         weights = participation / participation.sum()
         return Network(settings.mode, adjacency, matrix, participation, neighbour_q, None, weights, weights)
     adjacency = make_graph(settings.graph, num_agents, edge_probability=settings.edge_probability,
-                           seed=settings.seed, path=settings.graph_file)  # fmt: skip
+                           seed=seed, path=settings.graph_file)  # fmt: skip
     matrix = combination_matrix(settings.combination, adjacency, path=settings.combination_file)
     expected = expected_matrix(matrix, participation, neighbour_q)
     weights = objective_weights(expected, participation)

@@ -1,4 +1,4 @@
-"""Shared fixtures: where the real data lives, and a skip when it is absent."""
+"""Shared fixtures: where the real data lives, a skip when it is absent, settings and stand-in nodes."""
 
 from __future__ import annotations
 
@@ -6,10 +6,14 @@ import os
 from pathlib import Path
 
 import pytest
+from flwr.common import Code, GetPropertiesRes, Status
 from flwr.server.client_proxy import ClientProxy
+
+from app.config import parse_settings
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("STAMEN_SHARED_DATA", REPO.parent / "shared" / "data"))
+OK = Status(code=Code.OK, message="")
 
 
 def shared_dataset(name: str) -> Path:
@@ -20,11 +24,20 @@ def shared_dataset(name: str) -> Path:
     return path
 
 
+def settings(**config):
+    """Run settings from keyword arguments: ``settings(strategy="fedavg", local_steps=4)``."""
+    return parse_settings({key.replace("_", "-"): value for key, value in config.items()})
+
+
 class FakeProxy(ClientProxy):
-    """A connected node as the strategy sees it, for tests that drive a strategy by hand."""
+    """A connected node as the strategy sees it, serving partition ``partition`` (by default its id as a number)."""
+
+    def __init__(self, cid: str, partition: int | None = None) -> None:
+        super().__init__(cid)
+        self.partition = int(cid) if partition is None else partition
 
     def get_properties(self, ins, timeout, group_id):
-        raise NotImplementedError
+        return GetPropertiesRes(OK, {"partition-id": self.partition, "num-partitions": 0})
 
     def get_parameters(self, ins, timeout, group_id):
         raise NotImplementedError

@@ -12,7 +12,6 @@ from test_diffusion import K, federation, make_strategy, settings_for
 
 from app.config import ConfigError, parse_settings
 from app.launcher import LocalSimulation
-from app.registry import STRATEGY_NAMES
 from app.results import ResultWriter, read_metrics
 from app.server_app import checkpoint_to_resume
 from strategies.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
@@ -50,7 +49,7 @@ def test_corrupted_missing_and_foreign_files_fail_clearly(tmp_path):
 
 def write_run(tmp_path, config, rounds_written):
     """A run folder as a checkpointing run leaves it: metrics.jsonl and checkpoint.npz."""
-    settings = parse_settings(config, STRATEGY_NAMES)
+    settings = parse_settings(config)
     writer = ResultWriter(run_dir=tmp_path / "run", settings=settings.as_run_config())
     for r in range(1, rounds_written + 1):
         writer.record_round({"round": r})
@@ -61,12 +60,12 @@ def write_run(tmp_path, config, rounds_written):
 def test_resume_refuses_other_settings_and_a_finished_count(tmp_path):
     config = {"strategy": "fedavg", "lr": 0.1, "num-server-rounds": 2}
     run = write_run(tmp_path, config, 2)
-    ok = parse_settings({**config, "num-server-rounds": 5, "resume-from": str(run)}, STRATEGY_NAMES)
+    ok = parse_settings({**config, "num-server-rounds": 5, "resume-from": str(run)})
     assert checkpoint_to_resume(ok).round == 2
-    other = parse_settings({**config, "lr": 0.2, "num-server-rounds": 5, "resume-from": str(run)}, STRATEGY_NAMES)
+    other = parse_settings({**config, "lr": 0.2, "num-server-rounds": 5, "resume-from": str(run)})
     with pytest.raises(ConfigError, match=r"other settings \(lr = 0.1 there, 0.2 here\)"):
         checkpoint_to_resume(other)
-    done = parse_settings({**config, "resume-from": str(run)}, STRATEGY_NAMES)
+    done = parse_settings({**config, "resume-from": str(run)})
     with pytest.raises(ConfigError, match="'num-server-rounds': 2 is not above the checkpoint's round 2"):
         checkpoint_to_resume(done)
     (run / "checkpoint.npz").write_bytes(b"not a zip")
@@ -93,21 +92,22 @@ def play(strategy, manager, rounds):
                                                                                              manager)]  # fmt: skip
         if replies:
             strategy.aggregate_evaluate(server_round, replies, [])
+        strategy.end_round(server_round)
     return parameters
 
 
 def test_diffusion_resumed_from_a_checkpoint_matches_the_uninterrupted_run():
-    settings = settings_for(mode="diffusion", graph="ring", participation=0.5, **{"neighbour-probability": 0.7})
+    settings = settings_for(mode="diffusion", graph="ring", participation=0.5, neighbour_probability=0.7, rounds=5,
+                            checkpoint_every=2)  # fmt: skip
     manager, _ = federation(settings)
-    whole, _, whole_recorder = make_strategy(settings, rounds=5)
-    whole.checkpoint_every = 2
+    whole, _, whole_recorder = make_strategy(settings)
     final = play(whole, manager, 5)
     assert [c.round for c in whole_recorder.checkpoints] == [2, 4, 5]
     at_two = whole_recorder.checkpoints[0]
     assert at_two.arrays["diffusion/agents"].shape == (K, 10)
 
     manager, _ = federation(settings)  # a fresh federation: new processes, same partitions
-    again, _, recorder = make_strategy(settings, rounds=5)
+    again, _, recorder = make_strategy(settings)
     continued = ContinuedRun(strategy=again, checkpoint=at_two)
     assert continued.remaining_rounds == 3
     resumed_final = play(continued, manager, 3)
@@ -120,6 +120,7 @@ def test_diffusion_resumed_from_a_checkpoint_matches_the_uninterrupted_run():
     assert recorder.summary["rounds"] == 5
 
 
+@pytest.mark.e2e
 def test_fathom_simulation_stopped_after_its_checkpoint_resumes_without_loss_or_duplication(tmp_path):
     config = {"strategy": "fathom", "num-server-rounds": 4, "fraction-fit": 1.0, "min-fit-clients": 4,
               "local-epochs": 1.0, "batch-size": 8, "eval-every": 2, "checkpoint-every": 2,

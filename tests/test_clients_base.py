@@ -1,9 +1,10 @@
 import numpy as np
 import pytest
 import torch
+from conftest import settings
 
-from clients import ClientSettings, TorchClient, build_model
-from clients.models import parameter_count
+from clients.fedavg import FedAvgClient
+from clients.models import build_model, parameter_count
 from clients.training import batch_indices, steps_for
 from datasets import ClientData
 
@@ -16,14 +17,14 @@ def blobs(n, seed, flip=False):
     return x.astype(np.float32), (1 - y if flip else y).astype(np.int64)
 
 
-def toy_client(flip=False, **settings):
+def toy_client(flip=False, **overrides):
     train_x, train_y = blobs(200, 0, flip)
     test_x, test_y = blobs(100, 1, flip)
     data = ClientData(train_x, train_y, test_x, test_y, num_classes=2)
     model = build_model("logreg", input_shape=(2,), num_classes=2, seed=0)
-    defaults = {"lr": 0.5, "local_steps": 20, "batch_size": 32, "adapt_steps": 5, "adapt_lr": 1.0,
-                "adapt_batch_size": 0, "device": "cpu"}  # fmt: skip
-    return TorchClient(model=model, data=data, settings=ClientSettings(**{**defaults, **settings}), partition_id=3)
+    defaults = {"strategy": "fedavg", "model": "logreg", "lr": 0.5, "local_steps": 20, "batch_size": 32,
+                "adapt_steps": 5, "adapt_lr": 1.0, "adapt_batch_size": 0, "device": "cpu"}  # fmt: skip
+    return FedAvgClient(model=model, data=data, settings=settings(**{**defaults, **overrides}), partition_id=3)
 
 
 def test_personalised_evaluation_adapts_a_copy_and_beats_the_unadapted_model():

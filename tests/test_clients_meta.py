@@ -3,12 +3,14 @@
 import numpy as np
 import pytest
 import torch
+from conftest import settings
 from torch.func import functional_call, grad, jvp
 from torch.nn import functional as F
 
-from clients import ClientSettings, build_model
-from clients.meta import check_meta_settings, finite_difference_hvp, hessian_vector_product, meta_gradient, model_loss
+from clients.meta import finite_difference_hvp, hessian_vector_product, meta_gradient
+from clients.models import build_model
 from clients.perfedavg import PerFedAvgClient
+from clients.training import model_loss
 from datasets import ClientData
 
 ALPHA = 0.1
@@ -157,45 +159,31 @@ def test_one_local_step_on_a_linear_model_matches_a_hand_computation(variant):
     expected = (w0 - beta * dw, b0 - beta * db)
 
     data = ClientData(x, y.astype(np.int64), x, y.astype(np.int64), num_classes=2)
-    settings = ClientSettings(alpha=alpha, beta=beta, delta=delta, variant=variant, local_steps=1, batch_size=6,
-                              outer_batch_size=6, hessian_batch_size=6, device="cpu")  # fmt: skip
-    client = PerFedAvgClient(model=build_model("logreg", input_shape=(2,), num_classes=2), data=data,
-                             settings=settings, partition_id=0)  # fmt: skip
+    run = settings(perfedavg_alpha=alpha, perfedavg_beta=beta, perfedavg_delta=delta, perfedavg_variant=variant,
+                   local_steps=1, batch_size=6, perfedavg_outer_batch_size=6, perfedavg_hessian_batch_size=6,
+                   device="cpu", model="logreg")  # fmt: skip
+    client = PerFedAvgClient(model=build_model("logreg", input_shape=(2,), num_classes=2), data=data, settings=run,
+                             partition_id=0)  # fmt: skip
     params, n, metrics = client.fit([w0.astype(np.float32), b0.astype(np.float32)], {"server-round": 1})
     np.testing.assert_allclose(params[0], expected[0], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(params[1], expected[1], rtol=1e-4, atol=1e-5)
     assert n == 6 and metrics["grad-evals"] == {"fo": 2, "hf": 4, "so": 2}[variant]
     assert metrics["hvp-evals"] == (1 if variant == "so" else 0)
+    assert metrics["sample-grads"] == {"fo": 12, "hf": 24, "so": 18}[variant]
 
 
 def test_client_refuses_batches_larger_than_its_data_before_training():
     data = ClientData(np.zeros((5, 2), np.float32), np.zeros(5, np.int64), np.zeros((2, 2), np.float32),
                       np.zeros(2, np.int64), num_classes=2)  # fmt: skip
-    settings = ClientSettings(batch_size=5, outer_batch_size=6, device="cpu")
+    run = settings(batch_size=5, perfedavg_outer_batch_size=6, device="cpu", model="logreg")
     model = build_model("logreg", input_shape=(2,), num_classes=2)
-    client = PerFedAvgClient(model=model, data=data, settings=settings, partition_id=0)
+    client = PerFedAvgClient(model=model, data=data, settings=run, partition_id=0)
     before = client.get_parameters({})
-    with pytest.raises(ValueError, match=r"outer-batch-size 6 must be in \[1, 5\]"):
+    with pytest.raises(ValueError, match=r"perfedavg-outer-batch-size 6 must be in \[1, 5\]"):
         client.fit(before, {})
-    with pytest.raises(ValueError, match=r"hessian-batch-size 9 must be in \[1, 5\]"):
-        client.get_properties({"outer-batch-size": 5, "hessian-batch-size": 9})
-    assert client.get_properties({"outer-batch-size": 5, "hessian-batch-size": 5})["num-train"] == 5
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"alpha": -0.1}, "alpha must be >= 0"),
-        ({"beta": 0.0}, "beta must be > 0"),
-        ({"delta": 0.0}, "delta must be > 0"),
-        ({"variant": "sgd"}, "variant 'sgd' is not one of"),
-        ({"batch_sizes": {"batch-size": 0}}, r"batch-size 0 must be in \[1, 10\]"),
-    ],
-)
-def test_meta_settings_are_checked(kwargs, message):
-    base = {"alpha": 0.1, "beta": 0.1, "delta": 1e-3, "variant": "hf", "batch_sizes": {}, "num_examples": 10}
-    with pytest.raises(ValueError, match=message):
-        check_meta_settings(**{**base, **kwargs})
+    with pytest.raises(ValueError, match=r"perfedavg-hessian-batch-size 9 must be in \[1, 5\]"):
+        client.get_properties({"perfedavg-outer-batch-size": 5, "perfedavg-hessian-batch-size": 9})
+    assert client.get_properties({"perfedavg-outer-batch-size": 5, "perfedavg-hessian-batch-size": 5})["num-train"] == 5
 
 
 def test_unknown_variant_in_meta_gradient():

@@ -32,20 +32,33 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+from app.config import ConfigError, parse_settings
 from app.deploy import CONNECTION, LocalDeployment, live_processes
 from app.launcher import FINISHED_OK
+from app.registry import METHODS
+from strategies.contracts.common import TrainingSettings
 
+pytestmark = pytest.mark.e2e
 RUN_TIMEOUT_S = 280
-STRATEGIES = ("fedavg", "perfedavg", "fathom", "diffusion")
-OWN_SETTINGS = {"fathom": {"local-epochs": 0.5}}
+STRATEGIES = tuple(METHODS)
+TRAINING_KEYS = {spec.name for spec in TrainingSettings.key_specs()}
+
+
+def own_settings(strategy: str) -> dict:
+    """The method's example without its data and model (the deployment runs on the embedded data)."""
+    example = METHODS[strategy].contract.example
+    return {k: v for k, v in example.items() if k in TRAINING_KEYS - {"model"} or k.startswith(f"{strategy}-")}
 
 
 def two_round_config(strategy: str, results: Path) -> dict:
     # the server tests the global model; clients are not asked to (one ClientApp process per node saved)
     config = {"strategy": strategy, "num-server-rounds": 2, "fraction-evaluate": 0.0, "central-eval": True,
-              "results-dir": str(results), "run-name": strategy, **OWN_SETTINGS.get(strategy, {})}  # fmt: skip
-    if strategy != "diffusion":  # it needs the preflight to map nodes to agents
+              "results-dir": str(results), "run-name": strategy, **own_settings(strategy)}  # fmt: skip
+    try:  # skip the preflight's ClientApp process per node, unless the method needs it (diffusion's node map)
+        parse_settings({**config, "preflight": False})
         config["preflight"] = False
+    except ConfigError:
+        pass
     return config
 
 

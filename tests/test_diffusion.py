@@ -4,37 +4,29 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import FakeProxy
-from flwr.common import (
-    Code,
-    EvaluateRes,
-    FitRes,
-    GetPropertiesRes,
-    Status,
-    ndarrays_to_parameters,
-    parameters_to_ndarrays,
-)
+from conftest import OK, FakeProxy, settings
+from flwr.common import EvaluateRes, FitRes, GetPropertiesRes, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 
-from app.config import ConfigError, check_server_files, parse_settings
-from app.registry import STRATEGY_NAMES, diffusion_arguments
-from clients import build_model
+from app.config import ConfigError, check_on_server
 from clients.diffusion import DiffusionClient
+from clients.models import build_model
 from datasets import load_client_data
 from datasets.least_squares import least_squares_optimum
+from strategies.contracts.diffusion import DiffusionSettings
 from strategies.diffusion import Diffusion
 from strategies.recorder import NullRecorder
-from strategies.topology import NetworkSettings, combination_matrix, make_graph
+from strategies.topology import combination_matrix, make_graph
 
-OK = Status(Code.OK, "")
 K = 4
+DIFFUSION_KEYS = {spec.field for spec in DiffusionSettings.key_specs()}
 
 
 class LocalProxy(FakeProxy):
     """A node whose messages are answered in this process by a real client."""
 
     def __init__(self, cid: str, client, *, broken: str = "") -> None:
-        super().__init__(cid)
+        super().__init__(cid, partition=client.partition_id)
         self.client, self.broken = client, broken
 
     def get_properties(self, ins, timeout, group_id):
@@ -53,11 +45,13 @@ class LocalProxy(FakeProxy):
         return EvaluateRes(OK, loss, num, metrics)
 
 
-def settings_for(**overrides):
+def settings_for(rounds=3, **overrides):
+    """Least squares on K agents; diffusion's own keys may be given without their prefix (``mode="fedsgd"``)."""
     config = {"strategy": "diffusion", "dataset": "least-squares", "model": "linear", "partitioner": "natural",
-              "synthetic-alpha": 1.0, "synthetic-beta": 0.5, "batch-size": 200, "local-steps": 1, "mu": 0.1,
-              "mode": "fedsgd", **overrides}  # fmt: skip
-    return parse_settings(config, STRATEGY_NAMES)
+              "synthetic_alpha": 1.0, "synthetic_beta": 0.5, "batch_size": 200, "local_steps": 1, "mu": 0.1,
+              "mode": "fedsgd", "num_server_rounds": rounds, "eval_every": 1, "min_available_clients": K,
+              **overrides}  # fmt: skip
+    return settings(**{f"diffusion_{k}" if k in DIFFUSION_KEYS else k: v for k, v in config.items()})
 
 
 def federation(settings, *, broken: dict[int, str] | None = None):
@@ -67,9 +61,8 @@ def federation(settings, *, broken: dict[int, str] | None = None):
     for node in range(K):
         agent = K - 1 - node  # node ids and agents deliberately differ
         part = load_client_data(settings.data_spec(K), settings.partition_spec(K), agent)
-        model = build_model("linear", input_shape=(10,), num_classes=0, seed=settings.seed)
-        client = DiffusionClient(model=model, data=part, settings=settings.client_settings(), partition_id=agent,
-                                 num_partitions=K)  # fmt: skip
+        model = build_model("linear", input_shape=(10,), num_classes=0, seed=settings.run.seed)
+        client = DiffusionClient(model=model, data=part, settings=settings, partition_id=agent, num_partitions=K)
         proxy = LocalProxy(f"node-{node}", client, broken=(broken or {}).get(agent, ""))
         manager.register(proxy)
         data.append((agent, part))
@@ -78,12 +71,11 @@ def federation(settings, *, broken: dict[int, str] | None = None):
     return manager, [d for _, d in data]
 
 
-def make_strategy(settings, rounds=3):
-    model = build_model("linear", input_shape=(10,), num_classes=0, seed=settings.seed)
+def make_strategy(settings):
+    model = build_model("linear", input_shape=(10,), num_classes=0, seed=settings.run.seed)
     initial = [v.detach().numpy() for v in model.state_dict().values()]
     recorder = NullRecorder()
-    strategy = Diffusion(**diffusion_arguments(settings), num_rounds=rounds, eval_every=1, recorder=recorder,
-                         min_available_clients=K, initial_parameters=ndarrays_to_parameters(initial))  # fmt: skip
+    strategy = Diffusion(settings=settings, initial_parameters=ndarrays_to_parameters(initial), recorder=recorder)
     return strategy, initial[0].ravel().astype(np.float64), recorder
 
 
@@ -121,7 +113,7 @@ def test_fedsgd_round_is_the_averaged_gradient_step():
 
 
 def test_diffusion_round_with_everyone_is_the_combination_of_the_local_steps():
-    settings = settings_for(mode="diffusion", graph="ring", combination="uniform", **{"local-steps": 2})
+    settings = settings_for(mode="diffusion", graph="ring", combination="uniform", local_steps=2)
     manager, parts = federation(settings)
     strategy, w0, _ = make_strategy(settings)
     one_round(strategy, manager, 1)
@@ -142,7 +134,7 @@ def test_a_failed_or_rejected_agent_keeps_its_model_and_neighbours_use_it(how):
     strategy, w0, _ = make_strategy(settings)
     _, metrics = one_round(strategy, manager, 1)
     assert metrics["agents-participated"] == K - 1
-    assert strategy.round_record["clients-failed"] == 1
+    assert strategy.record["clients-failed"] == 1
     psi = np.array([w0 - 0.1 * gradient(p, w0) for p in parts])
     psi[2] = w0  # no update arrived: it counts as not taking part
     matrix = combination_matrix("metropolis", make_graph("ring", K))
@@ -152,25 +144,25 @@ def test_a_failed_or_rejected_agent_keeps_its_model_and_neighbours_use_it(how):
 
 
 def test_participation_draws_and_evaluation_of_each_agents_own_model():
-    settings = settings_for(mode="diffusion", graph="full", **{"participation-per-agent": "0.2,0.4,0.6,1.0"})
+    settings = settings_for(mode="diffusion", graph="full", participation_per_agent="0.2,0.4,0.6,1.0", rounds=200)
     manager, _ = federation(settings)
-    strategy, _, recorder = make_strategy(settings, rounds=200)
+    strategy, _, recorder = make_strategy(settings)
     counts = np.zeros(K)
     for server_round in range(1, 201):
         parameters = strategy.initialize_parameters(manager) if server_round == 1 else None
         instructions = strategy.configure_fit(server_round, parameters, manager)
         for proxy, _ in instructions:
-            counts[strategy.node_agent[proxy.cid]] += 1
+            counts[strategy.nodes.partition_of(proxy.cid)] += 1
         strategy.aggregate_fit(server_round, [], [])
         if server_round < 200:
-            strategy.close_round(server_round)
+            strategy.end_round(server_round)
     # binomial(200, q): 4 standard deviations
     q = np.array([0.2, 0.4, 0.6, 1.0])
     assert np.all(np.abs(counts / 200 - q) <= 4 * np.sqrt(q * (1 - q) / 200) + 1e-9)
     instructions = strategy.configure_evaluate(200, None, manager)
     assert len(instructions) == K and all(ins.config["adapt-steps"] == 0 for _, ins in instructions)
     for proxy, ins in instructions:
-        agent = strategy.node_agent[proxy.cid]
+        agent = strategy.nodes.partition_of(proxy.cid)
         np.testing.assert_array_equal(parameters_to_ndarrays(ins.parameters)[0].ravel(), strategy.agents[agent])
     replies = [(proxy, proxy.evaluate(ins, None, 0)) for proxy, ins in instructions]
     _, metrics = strategy.aggregate_evaluate(200, replies, [])
@@ -187,16 +179,14 @@ def test_network_mean_heads_for_the_weighted_optimum_and_the_first_order_limit()
     mean is nearer the seed's w_o than the plain optimum, and nearer still to the
     first-order limit (at O(mu) from it; measured 0.09 against 0.41 for the seed's).
     """
-    settings = settings_for(mode="diffusion", graph="star", combination="uniform", mu=0.02,
-                            **{"local-steps": 1, "participation-per-agent": "1.0,0.5,0.5,0.5",
-                               "synthetic-alpha": 2.0})  # fmt: skip
-    manager, parts = federation(settings)
     rounds = 2000
-    strategy, _, _ = make_strategy(settings, rounds=rounds)
+    settings = settings_for(mode="diffusion", graph="star", combination="uniform", mu=0.02, local_steps=1,
+                            participation_per_agent="1.0,0.5,0.5,0.5", synthetic_alpha=2.0, rounds=rounds)  # fmt: skip
+    manager, parts = federation(settings)
+    strategy, _, _ = make_strategy(settings)
     total = np.zeros(10)
     for server_round in range(1, rounds + 1):
         one_round(strategy, manager, server_round)
-        strategy.round_record = {}  # records are not the point here
         if server_round > rounds // 2:
             total += strategy.agents.mean(axis=0)
     mean = total / (rounds - rounds // 2)
@@ -215,41 +205,41 @@ def test_network_mean_heads_for_the_weighted_optimum_and_the_first_order_limit()
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"mu": 0.0}, "'mu': 0.0 is outside (0, inf)"),
-        ({"local-steps": 0}, "'local-steps': 0 is outside [1, inf)"),
-        ({"participation": 1.5}, "'participation': 1.5 is outside (0, 1]"),
-        ({"participation": 0.0}, "'participation': 0.0 is outside (0, 1]"),
-        ({"neighbour-probability": -0.1}, "'neighbour-probability': -0.1 is outside [0, 1]"),
+        ({"mu": 0.0}, "'diffusion-mu': 0.0 is outside (0, inf)"),
+        ({"local_steps": 0}, "'local-steps': 0 is outside [1, inf)"),
+        ({"participation": 1.5}, "'diffusion-participation': 1.5 is outside (0, 1]"),
+        ({"participation": 0.0}, "'diffusion-participation': 0.0 is outside (0, 1]"),
+        ({"neighbour_probability": -0.1}, "'diffusion-neighbour-probability': -0.1 is outside [0, 1]"),
         (
-            {"mode": "diffusion", "participation-per-agent": "0.5,1.2"},
-            "'participation-per-agent': needs one or more numbers in (0, 1]",
+            {"mode": "diffusion", "participation_per_agent": "0.5,1.2"},
+            "'diffusion-participation-per-agent': needs one or more numbers in (0, 1]",
         ),
-        ({"graph": "tree"}, "'graph': 'tree' is not allowed; choose one of ['ring'"),
-        ({"graph": "file"}, "'graph-file' is set exactly when 'graph' is 'file'"),
-        ({"mode": "diffusion", "combination": "file", "combination-file": "/nonexistent"}, "is not a file"),
+        ({"graph": "tree"}, "'diffusion-graph': 'tree' is not allowed; choose one of ['ring'"),
+        ({"graph": "file"}, "'diffusion-graph-file' is set exactly when 'diffusion-graph' is 'file'"),
+        ({"mode": "diffusion", "combination": "file", "combination_file": "/nonexistent"}, "is not a file"),
         ({"mode": "fedsgd", "participation": 0.5}, "'fedsgd' has every agent take part"),
     ],
 )
 def test_bad_settings_fail_before_any_work_with_the_key_named(overrides, message):
     with pytest.raises(ConfigError) as err:
-        check_server_files(settings_for(**overrides))  # what server_fn runs first
+        check_on_server(settings_for(**overrides))  # what server_fn runs first
     assert message in str(err.value)
 
 
 def test_clients_do_not_need_the_servers_files():
     # a SuperNode parses the same run config but never reads the network's files
-    settings = settings_for(mode="diffusion", graph="file", combination="file", **{
-        "graph-file": "/only/on/the/server.txt", "combination-file": "/only/on/the/server.npy",
-        "participation-per-agent": "/only/on/the/server-q.txt"})  # fmt: skip
-    assert settings.graph_file == "/only/on/the/server.txt"
-    with pytest.raises(ConfigError, match="'graph-file': '/only/on/the/server.txt' is not a file"):
-        check_server_files(settings)
+    settings = settings_for(mode="diffusion", graph="file", combination="file", graph_file="/only/on/the/server.txt",
+                            combination_file="/only/on/the/server.npy",
+                            participation_per_agent="/only/on/the/server-q.txt")  # fmt: skip
+    assert settings.method.graph_file == "/only/on/the/server.txt"
+    with pytest.raises(ConfigError, match="'diffusion-graph-file': '/only/on/the/server.txt' is not a file"):
+        check_on_server(settings)
 
 
 def test_bad_networks_fail_at_the_start_naming_the_problem(tmp_path):
     graph = tmp_path / "edges.txt"
     graph.write_text("0 1\n2 3\n")
-    settings = settings_for(mode="diffusion", graph="file", **{"graph-file": str(graph)})
+    settings = settings_for(mode="diffusion", graph="file", graph_file=str(graph))
     manager, _ = federation(settings)
     with pytest.raises(ValueError, match="graph 'file' on 4 agents is not connected"):
         make_strategy(settings)[0].initialize_parameters(manager)
@@ -258,11 +248,9 @@ def test_bad_networks_fail_at_the_start_naming_the_problem(tmp_path):
         make_strategy(settings)[0].initialize_parameters(manager)
     matrix = tmp_path / "a.txt"
     np.savetxt(matrix, np.full((K, K), 0.3))
-    settings = settings_for(mode="diffusion", graph="full", combination="file", **{"combination-file": str(matrix)})
+    settings = settings_for(mode="diffusion", graph="full", combination="file", combination_file=str(matrix))
     with pytest.raises(ValueError, match="column 0 sums to 1.2, not 1"):
         make_strategy(settings)[0].initialize_parameters(manager)
-    settings = settings_for(mode="diffusion", **{"participation-per-agent": "0.5,0.5"})
-    with pytest.raises(ValueError, match="participation-per-agent has 2 values but the federation has 4 agents"):
+    settings = settings_for(mode="diffusion", participation_per_agent="0.5,0.5")
+    with pytest.raises(ValueError, match="diffusion-participation-per-agent has 2 values but the federation has 4"):
         make_strategy(settings)[0].initialize_parameters(manager)
-    with pytest.raises(ValueError, match="mu must be > 0"):
-        Diffusion(network=NetworkSettings(), mu=0.0, local_steps=1, batch_size=1, num_rounds=1)

@@ -10,19 +10,20 @@ from conftest import REPO
 
 from app.config import parse_settings
 from app.launcher import LocalSimulation
-from app.registry import STRATEGY_NAMES
 from datasets import load_client_data
 from datasets.least_squares import least_squares_optimum
 
+pytestmark = pytest.mark.e2e
 AGENTS, ROUNDS = 5, 300
 THEORY = {"strategy": "diffusion", "dataset": "least-squares", "model": "linear", "partitioner": "natural",
-          "synthetic-alpha": 2.0, "synthetic-beta": 0.5, "mode": "diffusion", "graph": "star",
-          "combination": "uniform", "participation-per-agent": "1.0,0.5,0.5,0.5,0.5", "neighbour-probability": 1.0,
-          "mu": 0.05, "local-steps": 1, "batch-size": 200, "num-server-rounds": ROUNDS, "eval-every": ROUNDS,
-          "snapshot-every": 1, "seed": 0}  # fmt: skip
+          "synthetic-alpha": 2.0, "synthetic-beta": 0.5, "diffusion-mode": "diffusion", "diffusion-graph": "star",
+          "diffusion-combination": "uniform", "diffusion-participation-per-agent": "1.0,0.5,0.5,0.5,0.5",
+          "diffusion-neighbour-probability": 1.0, "diffusion-mu": 0.05, "local-steps": 1, "batch-size": 200,
+          "num-server-rounds": ROUNDS, "eval-every": ROUNDS, "diffusion-snapshot-every": 1, "seed": 0}  # fmt: skip
 BIG = {"strategy": "diffusion", "dataset": "least-squares", "model": "linear", "partitioner": "natural",
-       "mode": "diffusion", "graph": "ring", "participation": 0.3, "neighbour-probability": 0.7, "mu": 0.05,
-       "local-steps": 2, "batch-size": 20, "num-server-rounds": 3, "eval-every": 3}  # fmt: skip
+       "diffusion-mode": "diffusion", "diffusion-graph": "ring", "diffusion-participation": 0.3,
+       "diffusion-neighbour-probability": 0.7, "diffusion-mu": 0.05, "local-steps": 2, "batch-size": 20,
+       "num-server-rounds": 3, "eval-every": 3}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def test_network_mean_ends_nearer_the_weighted_optimum_than_the_plain_one(runs):
     agents = np.load(run_dir / "agents.npz")
     assert agents["models"].shape == (ROUNDS, AGENTS, 10)
     mean = agents["models"][ROUNDS // 2 :].mean(axis=(0, 1))  # network mean over the second half
-    settings = parse_settings(THEORY, STRATEGY_NAMES)
+    settings = parse_settings(THEORY)
     parts = [load_client_data(settings.data_spec(AGENTS), settings.partition_spec(AGENTS), k) for k in range(AGENTS)]
     xs, ys = [p.train_x for p in parts], [p.train_y for p in parts]
     w_seed = least_squares_optimum(xs, ys, topology["weights"])

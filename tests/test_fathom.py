@@ -5,18 +5,21 @@ import math
 import numpy as np
 import pytest
 import torch
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+from conftest import OK, FakeProxy, settings
+from flwr.common import FitRes, ndarrays_to_parameters
 from flwr.server.client_manager import SimpleClientManager
 from torch.nn import functional as F
 
-from clients import ClientSettings, build_model
+from app.config import ConfigError
 from clients.base import round_generator
 from clients.fathom import FathomClient, client_plan
+from clients.models import build_model
 from clients.training import batch_indices
 from datasets import ClientData
+from strategies.contracts.fathom import CONTRACT, FathomSettings
 from strategies.fathom import Fathom
-from strategies.fathom_math import FathomSettings, FathomState, RoundAggregate, cosine, fathom_update
-from strategies.validation import metrics_problem
+from strategies.fathom_math import FathomState, RoundAggregate, cosine, fathom_update
+from strategies.screening import metrics_problem
 
 SETTINGS = FathomSettings()
 
@@ -78,8 +81,8 @@ def test_eq12_reading_scales_the_local_term_by_lr():
 
 
 def test_bounds_are_respected():
-    settings = FathomSettings(gamma_lr=50.0, gamma_epochs=50.0, gamma_batch=50.0, lr_bounds=(0.01, 0.2),
-                              epochs_bounds=(0.5, 3.0), batch_bounds=(4.0, 128.0))  # fmt: skip
+    settings = FathomSettings(gamma_lr=50.0, gamma_epochs=50.0, gamma_batch=50.0, lr_min=0.01, lr_max=0.2,
+                              epochs_min=0.5, epochs_max=3.0, batch_min=4.0, batch_max=128.0)  # fmt: skip
     s = state(lr=0.1, epochs=1.0, batch_size=32.0, smoothed_update=np.array([1.0]))
     up, _ = fathom_update(s, aggregate([1.0], phis=[1.0]), settings)  # H = -1, G = -1
     assert (up.lr, up.epochs, up.batch_size) == (0.2, 3.0, 4.0)
@@ -93,17 +96,17 @@ def test_cosine_is_zero_for_a_zero_vector():
 
 
 @pytest.mark.parametrize(
-    ("settings", "message"),
+    ("values", "message"),
     [
-        ({"gamma_lr": -1.0}, "gamma-lr must be >= 0"),
-        ({"smoothing": 1.0}, r"smoothing must be in \[0, 1\)"),
-        ({"batch_bounds": (10.0, 2.0)}, "batch-bounds must satisfy"),
-        ({"local_term": "other"}, "local-term 'other' is not one of"),
+        ({"gamma_lr": -1.0}, r"'fathom-gamma-lr': -1.0 is outside \[0, inf\)"),
+        ({"smoothing": 1.0}, r"'fathom-smoothing': 1.0 is outside \[0, 1\)"),
+        ({"batch_min": 10.0, "batch_max": 2.0}, "'fathom-batch-min': 10.0 is above 'fathom-batch-max' = 2.0"),
+        ({"local_term": "other"}, "'fathom-local-term': 'other' is not allowed"),
     ],
 )
-def test_bad_settings(settings, message):
-    with pytest.raises(ValueError, match=message):
-        FathomSettings(**settings)
+def test_bad_settings(values, message):
+    with pytest.raises(ConfigError, match=message):
+        FathomSettings(**values)
 
 
 @pytest.mark.parametrize(
@@ -126,10 +129,10 @@ def test_client_phi_equals_a_direct_computation_from_the_gradients():
     x = rng.normal(size=(23, 3)).astype(np.float32)
     y = rng.integers(0, 3, 23).astype(np.int64)
     data = ClientData(x, y, x[:5], y[:5], num_classes=3)
-    settings = ClientSettings(lr=0.3, local_epochs=1.5, batch_size=8, seed=4, device="cpu")
+    run = settings(strategy="fathom", lr=0.3, local_epochs=1.5, batch_size=8, seed=4, device="cpu", model="logreg")
     start = build_model("logreg", input_shape=(3,), num_classes=3, seed=2)
     weights = [v.detach().numpy().copy() for v in start.state_dict().values()]
-    client = FathomClient(model=build_model("logreg", input_shape=(3,), num_classes=3), data=data, settings=settings,
+    client = FathomClient(model=build_model("logreg", input_shape=(3,), num_classes=3), data=data, settings=run,
                           partition_id=7)  # fmt: skip
     config = {"server-round": 5, "lr": 0.3, "local-epochs": 1.5, "batch-size": 7.6}
     new, n, metrics = client.fit(weights, config)
@@ -158,40 +161,38 @@ def test_client_phi_equals_a_direct_computation_from_the_gradients():
 def test_one_step_has_phi_one():
     data = ClientData(np.ones((4, 2), np.float32), np.array([0, 1, 0, 1]), np.ones((1, 2), np.float32),
                       np.array([0]), num_classes=2)  # fmt: skip
-    client = FathomClient(model=build_model("logreg", input_shape=(2,), num_classes=2), data=data,
-                          settings=ClientSettings(device="cpu"), partition_id=0)  # fmt: skip
+    run = settings(strategy="fathom", local_epochs=1.0, device="cpu", model="logreg")
+    client = FathomClient(model=build_model("logreg", input_shape=(2,), num_classes=2), data=data, settings=run,
+                          partition_id=0)  # fmt: skip
     _, _, metrics = client.fit(client.get_parameters({}), {"lr": 0.1, "local-epochs": 1.0, "batch-size": 4.0})
     assert metrics["local-steps"] == 1 and metrics["phi"] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("phi", [1.5, -1.2, float("nan"), float("inf")])
 def test_replies_with_a_bad_phi_are_malformed(phi):
-    assert metrics_problem({"phi": phi}) is not None
+    assert metrics_problem({"phi": phi}, {m.name: m for m in CONTRACT.metrics}) is not None
 
 
 def test_strategy_broadcasts_state_rejects_missing_phi_and_updates():
-    from test_strategies_fedavg import FakeProxy  # the tests' stand-in for a connected node
-
-    ok = Status(code=Code.OK, message="")
     zeros = [np.zeros(3, np.float32)]
-    strategy = Fathom(
-        lr=0.1, epochs=1.0, batch_size=16.0, num_rounds=3, fraction_fit=1.0, min_fit_clients=1,
-        min_available_clients=1, initial_parameters=ndarrays_to_parameters(zeros), preflight=False,
-    )  # fmt: skip
+    run = settings(strategy="fathom", lr=0.1, local_epochs=1.0, batch_size=16, num_server_rounds=3, fraction_fit=1.0,
+                   min_fit_clients=1, min_available_clients=1, preflight=False, aggregation="examples")  # fmt: skip
+    strategy = Fathom(settings=run, initial_parameters=ndarrays_to_parameters(zeros))
     manager = SimpleClientManager()
     proxies = [FakeProxy(str(i)) for i in range(3)]
     for p in proxies:
         manager.register(p)
-    instructions = strategy.configure_fit(1, strategy.initial_parameters, manager)
+    instructions = strategy.configure_fit(1, strategy.global_parameters, manager)
     assert instructions[0][1].config == {"lr": 0.1, "local-epochs": 1.0, "batch-size": 16.0, "server-round": 1}
     replies = [
-        (proxies[0], FitRes(ok, ndarrays_to_parameters([np.ones(3, np.float32)]), 10, {"phi": 0.5, "lr": 0.1})),
-        (proxies[1], FitRes(ok, ndarrays_to_parameters([np.ones(3, np.float32)]), 10, {"phi": 0.5, "lr": 0.1})),
-        (proxies[2], FitRes(ok, ndarrays_to_parameters([np.full(3, 9.0, np.float32)]), 10, {"lr": 0.1})),
+        (proxies[0], FitRes(OK, ndarrays_to_parameters([np.ones(3, np.float32)]), 10, {"phi": 0.5, "lr": 0.1})),
+        (proxies[1], FitRes(OK, ndarrays_to_parameters([np.ones(3, np.float32)]), 10, {"phi": 0.5, "lr": 0.1})),
+        (proxies[2], FitRes(OK, ndarrays_to_parameters([np.full(3, 9.0, np.float32)]), 10, {"lr": 0.1})),
     ]
     _, metrics = strategy.aggregate_fit(1, replies, [])
-    assert strategy.round_record["clients-rejected"] == 1  # no phi: rejected, its 9s never reach the model
+    assert strategy.record["clients-rejected"] == 1  # no phi: rejected, its 9s never reach the model
     assert metrics["G"] == pytest.approx(-0.5) and metrics["H"] == 0.0
-    assert strategy.state.batch_size == pytest.approx(16.0 * math.exp(0.1 * -0.5))
-    assert strategy.round_record["hp-batch-size"] == 16.0  # the record keeps the values in force that round
-    assert strategy.fit_config(2)["batch-size"] == pytest.approx(strategy.state.batch_size)
+    assert strategy.tuning.batch_size == pytest.approx(16.0 * math.exp(0.1 * -0.5))
+    assert strategy.record["hp-batch-size"] == 16.0  # the record keeps the values in force that round
+    assert strategy.fit_config(2)["batch-size"] == pytest.approx(strategy.tuning.batch_size)
+    np.testing.assert_allclose(strategy.global_model[0], 1.0)

@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from conftest import REPO
 
 from app.launcher import LocalSimulation
 
+pytestmark = pytest.mark.e2e
 CLIENTS = 4
 
 

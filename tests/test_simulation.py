@@ -1,8 +1,9 @@
-"""One real simulation through Flower's engine (`flwr run`), checked by the run's status.
+"""Real simulations through Flower's engine (`flwr run`), checked by the run's status and result files.
 
 `flwr run --stream` exits 0 even when the run fails, so the launcher submits with
 `--format json`, polls `flwr ls --run-id` for the status, and the results files are
-read back. The private SuperLink is stopped at the end, whatever happened.
+read back. Every registered method runs its contract's example; the private
+SuperLink is stopped at the end, whatever happened.
 """
 
 from __future__ import annotations
@@ -14,87 +15,97 @@ import pytest
 from conftest import REPO
 
 from app.launcher import LocalSimulation
+from app.registry import METHODS
 
+pytestmark = pytest.mark.e2e
 ROUNDS, CLIENTS = 2, 4
 
 
+def records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
+def finished_runs(tmp_path_factory):
     results = tmp_path_factory.mktemp("results")
-    config = {"num-server-rounds": ROUNDS, "eval-every": 1, "fraction-fit": 0.5, "results-dir": str(results),
-              "run-name": "sim-test"}  # fmt: skip
+    config = {"num-server-rounds": ROUNDS, "eval-every": 1, "fraction-fit": 0.5, "results-dir": str(results)}
+    runs = {}
     with LocalSimulation(app_dir=REPO) as sim:
-        outcome = sim.run(run_config=config, num_supernodes=CLIENTS, timeout_s=300)  # the default: perfedavg hf
-        baseline = sim.run(run_config={**config, "strategy": "fedavg", "run-name": "fedavg"}, num_supernodes=CLIENTS,
-                           timeout_s=300)  # fmt: skip
+        for name, method in METHODS.items():
+            run_config = {**config, **method.contract.example, "run-name": name}
+            runs[name] = (sim.run(run_config=run_config, num_supernodes=CLIENTS, timeout_s=300), results / name)
         # a partition the embedded data cannot hold (250 training images per class)
         too_big = {**config, "images-per-class": 400, "run-name": "too-big"}
-        refused = sim.run(run_config=too_big, num_supernodes=CLIENTS, timeout_s=300)
+        runs["too-big"] = (sim.run(run_config=too_big, num_supernodes=CLIENTS, timeout_s=300), None)
         # Per-FedAvg batches larger than the second-half clients' 12 images
-        big_batch = sim.run(run_config={**config, "outer-batch-size": 40, "run-name": "big-batch"},
-                            num_supernodes=CLIENTS, timeout_s=300)  # fmt: skip
-        fathom_config = {**config, "strategy": "fathom", "num-server-rounds": 3, "fraction-fit": 1.0,
-                         "local-epochs": 1.0, "batch-size": 8, "run-name": "fathom"}  # fmt: skip
-        fathom = sim.run(run_config=fathom_config, num_supernodes=CLIENTS, timeout_s=300)
+        big_batch = {**config, "perfedavg-outer-batch-size": 40, "run-name": "big-batch"}
+        runs["big-batch"] = (sim.run(run_config=big_batch, num_supernodes=CLIENTS, timeout_s=300), None)
+        fathom = {**config, **METHODS["fathom"].contract.example, "num-server-rounds": 3, "fraction-fit": 1.0,
+                  "run-name": "fathom-3"}  # fmt: skip
+        runs["fathom-3"] = (sim.run(run_config=fathom, num_supernodes=CLIENTS, timeout_s=300), results / "fathom-3")
         marker = str(sim.home)
-    yield (outcome, results / "sim-test", marker, refused, (baseline, results / "fedavg"), big_batch,
-           (fathom, results / "fathom"))  # fmt: skip
+    yield runs, marker
 
 
-def test_run_completes_and_leaves_no_process(finished_run):
-    outcome, _, marker = finished_run[:3]
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_method_runs_its_example_and_records_every_round(finished_runs, name):
+    outcome, run_dir = finished_runs[0][name]
     assert outcome.ok, f"status {outcome.status}\n{outcome.log_tail}"
-    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout == b""
-
-
-def test_results_files_hold_every_round(finished_run):
-    run_dir = finished_run[1]
-    rounds = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rounds = records(run_dir)
     assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 1))
+    contract = METHODS[name].contract
     for record in rounds:
-        assert record["clients-sampled"] == CLIENTS // 2 and record["clients-succeeded"] == CLIENTS // 2
-        # perfedavg hf: 10 meta-steps of 4 gradient evaluations on each of the 2 sampled clients
-        assert record["clients-failed"] == 0 and record["grad-evals"] == (CLIENTS // 2) * 10 * 4
-        assert record["hp-variant"] == "hf" and record["strategy"] == "perfedavg"
-        assert record["eval-clients"] == CLIENTS
-        assert 0.0 <= record["accuracy-min"] <= record["accuracy"] <= record["accuracy-max"] <= 1.0
-        assert record["train-loss"] > 0
+        assert record["strategy"] == name and record["clients-failed"] == 0
+        assert record["clients-succeeded"] == record["clients-sampled"] >= 1
+        assert {f"hp-{k}" for k in contract.broadcast_keys()} <= set(record), "a broadcast value is not recorded"
+        assert record["eval-clients"] == CLIENTS and record["train-loss"] >= 0
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["rounds"] == ROUNDS and summary["settings"]["dataset"] == "mnist-5k"
-    assert summary["final"]["round"] == ROUNDS
+    assert summary["rounds"] == ROUNDS and summary["settings"]["strategy"] == name
     assert (run_dir / "accuracy.png").stat().st_size > 1000
 
 
-def test_a_client_that_cannot_load_its_data_stops_the_run_before_training(finished_run):
-    refused = finished_run[3]
+def test_run_leaves_no_process(finished_runs):
+    assert subprocess.run(["pgrep", "-f", finished_runs[1]], capture_output=True).stdout == b""
+
+
+def test_perfedavg_records_its_work_and_personalised_accuracy(finished_runs):
+    _, run_dir = finished_runs[0]["perfedavg"]
+    for record in records(run_dir):
+        assert record["clients-sampled"] == CLIENTS // 2 and record["clients-succeeded"] == CLIENTS // 2
+        # perfedavg hf: 10 meta-steps of 4 gradient evaluations on each of the 2 sampled clients
+        assert record["grad-evals"] == (CLIENTS // 2) * 10 * 4 and record["hp-perfedavg-variant"] == "hf"
+        assert 0.0 <= record["accuracy-min"] <= record["accuracy"] <= record["accuracy-max"] <= 1.0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["settings"]["dataset"] == "mnist-5k" and summary["final"]["round"] == ROUNDS
+
+
+def test_fedavg_baseline_reports_the_same_metrics(finished_runs):
+    fedavg, perfedavg = records(finished_runs[0]["fedavg"][1]), records(finished_runs[0]["perfedavg"][1])
+    metric_keys = {k for k in perfedavg[-1] if not k.startswith("hp-")}
+    assert metric_keys == {k for k in fedavg[-1] if not k.startswith("hp-")}
+    assert fedavg[-1]["grad-evals"] == (CLIENTS // 2) * 10
+
+
+def test_a_client_that_cannot_load_its_data_stops_the_run_before_training(finished_runs):
+    refused, _ = finished_runs[0]["too-big"]
     assert refused.status == "finished:failed"
     assert "stamen preflight" in refused.log
     assert "the training pool holds 250 images of class 0 but the split needs 1000" in refused.log
     assert "[round 1/" not in refused.log
 
 
-def test_fedavg_baseline_runs_and_reports_the_same_metrics(finished_run):
-    (baseline, run_dir), perfedavg_dir = finished_run[4], finished_run[1]
-    assert baseline.ok, baseline.log_tail
-    fedavg = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    perfedavg = [json.loads(line) for line in (perfedavg_dir / "metrics.jsonl").read_text().splitlines()]
-    metric_keys = {k for k in perfedavg[-1] if not k.startswith("hp-")}
-    assert metric_keys == {k for k in fedavg[-1] if not k.startswith("hp-")}
-    assert fedavg[-1]["grad-evals"] == (CLIENTS // 2) * 10 and fedavg[-1]["strategy"] == "fedavg"
-
-
-def test_batches_larger_than_a_clients_data_stop_the_run_before_training(finished_run):
-    big_batch = finished_run[5]
+def test_batches_larger_than_a_clients_data_stop_the_run_before_training(finished_runs):
+    big_batch, _ = finished_runs[0]["big-batch"]
     assert big_batch.status == "finished:failed"
     assert "clients cannot start" in big_batch.log
-    assert "outer-batch-size 40 must be in [1, 12]" in big_batch.log  # a second-half client: 4 + 8 images
+    assert "perfedavg-outer-batch-size 40 must be in [1, 12]" in big_batch.log  # a second-half client: 4 + 8 images
     assert "[round 1/" not in big_batch.log
 
 
-def test_fathom_clients_receive_the_hyperparameters_the_strategy_moves_each_round(finished_run):
-    fathom, run_dir = finished_run[6]
+def test_fathom_clients_receive_the_hyperparameters_the_strategy_moves_each_round(finished_runs):
+    fathom, run_dir = finished_runs[0]["fathom-3"]
     assert fathom.ok, fathom.log_tail
-    rounds = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rounds = records(run_dir)
     assert len(rounds) == 3
     for record in rounds:  # what every client received and used is what the strategy had in force
         assert record["client-lr-min"] == pytest.approx(record["hp-lr"], rel=1e-12)

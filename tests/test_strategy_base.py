@@ -1,24 +1,19 @@
 import numpy as np
 import pytest
-from conftest import FakeProxy
-from flwr.common import (
-    Code,
-    EvaluateRes,
-    FitRes,
-    GetPropertiesRes,
-    Status,
-    ndarrays_to_parameters,
-    parameters_to_ndarrays,
-)
+from conftest import OK, FakeProxy, settings
+from flwr.common import EvaluateRes, FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 
-from strategies import NullRecorder, PerFedAvg, PersonalisedFedAvg
-from strategies.fedavg import progress_line
+from strategies.contracts.common import FIT_METRICS
+from strategies.fedavg import FedAvg
+from strategies.perfedavg import PerFedAvg
+from strategies.recorder import NullRecorder
+from strategies.records import progress_line
+from strategies.screening import evaluate_reply_problem, fit_reply_problem
 from strategies.summaries import summarise, weighted_mean
-from strategies.validation import evaluate_reply_problem, fit_reply_problem
 
 SHAPES = [(2, 3), (3,)]
-OK = Status(code=Code.OK, message="")
+SPECS = {m.name: m for m in FIT_METRICS}
 
 
 def arrays(value):
@@ -29,21 +24,12 @@ def fit_res(params, n, **metrics):
     return FitRes(OK, ndarrays_to_parameters(params), n, {"train-loss": 0.5, "grad-evals": 4, **metrics})
 
 
-def make_strategy(num_rounds=3, eval_every=2, clients=4):
+def make_strategy(num_rounds=3, eval_every=2, clients=4, **config):
     recorder = NullRecorder()
-    strategy = PersonalisedFedAvg(
-        num_rounds=num_rounds,
-        eval_every=eval_every,
-        recorder=recorder,
-        fit_config={"lr": 0.1},
-        fraction_fit=1.0,
-        fraction_evaluate=1.0,
-        min_fit_clients=1,
-        min_evaluate_clients=1,
-        min_available_clients=1,
-        initial_parameters=ndarrays_to_parameters(arrays(0.0)),
-        preflight=False,
-    )
+    config = {"preflight": False, "aggregation": "examples", **config}
+    run = settings(strategy="fedavg", num_server_rounds=num_rounds, eval_every=eval_every, lr=0.1, fraction_fit=1.0,
+                   min_fit_clients=1, min_available_clients=1, **config)  # fmt: skip
+    strategy = FedAvg(settings=run, initial_parameters=ndarrays_to_parameters(arrays(0.0)), recorder=recorder)
     manager = SimpleClientManager()
     proxies = [FakeProxy(str(i)) for i in range(clients)]
     for proxy in proxies:
@@ -53,7 +39,7 @@ def make_strategy(num_rounds=3, eval_every=2, clients=4):
 
 def test_bad_replies_are_rejected_and_the_rest_averaged_exactly():
     strategy, manager, proxies, recorder = make_strategy()
-    instructions = strategy.configure_fit(1, strategy.initial_parameters, manager)
+    instructions = strategy.configure_fit(1, strategy.global_parameters, manager)
     assert len(instructions) == 4 and instructions[0][1].config["lr"] == 0.1
     assert instructions[0][1].config["server-round"] == 1
     with_nan = arrays(1.0)
@@ -69,43 +55,48 @@ def test_bad_replies_are_rejected_and_the_rest_averaged_exactly():
     for got in parameters_to_ndarrays(parameters):
         np.testing.assert_allclose(got, 2.5, rtol=0, atol=1e-6)  # (10*1 + 30*3) / 40
     assert metrics["examples"] == 40 and metrics["grad-evals"] == 8
-    assert strategy.round_record["clients-failed"] == 2 and strategy.round_record["clients-rejected"] == 2
+    assert strategy.record["clients-failed"] == 2 and strategy.record["clients-rejected"] == 2
 
 
 def test_round_of_only_bad_replies_leaves_the_model_alone():
     strategy, manager, proxies, _ = make_strategy()
-    strategy.configure_fit(1, strategy.initial_parameters, manager)
+    strategy.configure_fit(1, strategy.global_parameters, manager)
     bad = [(proxies[0], fit_res(arrays(np.inf), 5)), (proxies[1], fit_res(arrays(1.0), 0))]
     parameters, _ = strategy.aggregate_fit(1, bad, [RuntimeError("client crashed")])
     assert parameters is None  # Flower keeps the previous global model when None is returned
-    assert strategy.round_record["clients-failed"] == 3
+    assert strategy.record["clients-failed"] == 3
+    assert strategy.record["fit-failures"] == ["RuntimeError: client crashed"]
 
 
 @pytest.mark.parametrize(
     "metrics",
-    [{"train-loss": float("nan")}, {"train-loss": -1.0}, {"train-loss": 1e9}, {"grad-evals": -3}],
-)
+    [{"train-loss": float("nan")}, {"train-loss": -1.0}, {"train-loss": 1e9}, {"grad-evals": -3},
+     {"hvp-evals": -1}, {"sample-grads": "many"}],
+)  # fmt: skip
 def test_absurd_fit_metrics_are_rejected(metrics):
-    assert fit_reply_problem(arrays(1.0), 10, metrics, SHAPES) is not None
+    assert fit_reply_problem(arrays(1.0), 10, metrics, SHAPES, SPECS) is not None
 
 
 def test_fit_reply_checks():
-    assert fit_reply_problem(arrays(1.0), 10, {}, SHAPES) is None
-    assert fit_reply_problem(arrays(1.0)[:1], 10, {}, SHAPES) == "1 arrays, expected 2"
-    assert "non-positive" in fit_reply_problem(arrays(1.0), -1, {}, SHAPES)
+    assert fit_reply_problem(arrays(1.0), 10, {}, SHAPES, SPECS) is None
+    assert fit_reply_problem(arrays(1.0)[:1], 10, {}, SHAPES, SPECS) == "1 arrays, expected 2"
+    assert "non-positive" in fit_reply_problem(arrays(1.0), -1, {}, SHAPES, SPECS)
 
 
 def test_evaluate_reply_checks():
-    assert evaluate_reply_problem(0.3, 5, {"accuracy": 0.9}) is None
-    assert "outside [0, 1]" in evaluate_reply_problem(0.3, 5, {"accuracy": 1.2})
-    assert "not a finite" in evaluate_reply_problem(float("nan"), 5, {"accuracy": 0.5})
-    assert evaluate_reply_problem(0.3, 5, {}) is None  # a regression reply: its loss only
-    assert "not finite" in evaluate_reply_problem(0.3, 5, {"global-loss": float("inf")})
+    from strategies.contracts.common import EVALUATE_METRICS
+
+    specs = {m.name: m for m in EVALUATE_METRICS}
+    assert evaluate_reply_problem(0.3, 5, {"accuracy": 0.9}, specs) is None
+    assert "outside [0, 1]" in evaluate_reply_problem(0.3, 5, {"accuracy": 1.2}, specs)
+    assert "not a finite" in evaluate_reply_problem(float("nan"), 5, {"accuracy": 0.5}, specs)
+    assert evaluate_reply_problem(0.3, 5, {}, specs) is None  # a regression reply: its loss only
+    assert "not finite" in evaluate_reply_problem(0.3, 5, {"global-loss": float("inf")}, specs)
 
 
 def test_personalised_metrics_are_weighted_with_spread_and_bad_ones_dropped():
     strategy, manager, proxies, _ = make_strategy()
-    strategy.configure_fit(2, strategy.initial_parameters, manager)
+    strategy.configure_fit(2, strategy.global_parameters, manager)
     replies = [
         (proxies[0], EvaluateRes(OK, 0.2, 10, {"accuracy": 0.9, "global-accuracy": 0.5})),
         (proxies[1], EvaluateRes(OK, 0.4, 30, {"accuracy": 0.5, "global-accuracy": 0.3})),
@@ -122,7 +113,7 @@ def test_personalised_metrics_are_weighted_with_spread_and_bad_ones_dropped():
 
 def test_every_round_is_recorded_evaluation_follows_eval_every_and_the_run_is_summarised():
     strategy, manager, proxies, recorder = make_strategy(num_rounds=3, eval_every=2)
-    params = strategy.initial_parameters
+    params = strategy.global_parameters
     for rnd in (1, 2, 3):
         strategy.configure_fit(rnd, params, manager)
         strategy.aggregate_fit(rnd, [(p, fit_res(arrays(1.0), 10)) for p in proxies], [])
@@ -132,6 +123,7 @@ def test_every_round_is_recorded_evaluation_follows_eval_every_and_the_run_is_su
             assert instructions[0][1].config["server-round"] == rnd
             replies = [(p, EvaluateRes(OK, 0.1, 5, {"accuracy": 0.8, "global-accuracy": 0.6})) for p in proxies]
             strategy.aggregate_evaluate(rnd, replies, [])
+        strategy.end_round(rnd)
     assert [r["round"] for r in recorder.rounds] == [1, 2, 3]
     assert "accuracy" not in recorder.rounds[0] and recorder.rounds[2]["accuracy"] == pytest.approx(0.8)
     assert recorder.rounds[0]["hp-lr"] == 0.1
@@ -159,27 +151,26 @@ class StartingProxy(FakeProxy):
     def get_properties(self, ins, timeout, group_id):
         if self.error:
             raise ValueError(self.error)
-        return GetPropertiesRes(OK, {"partition-id": 0})
+        return super().get_properties(ins, timeout, group_id)
 
 
 def test_preflight_asks_every_client_and_stops_the_run_with_their_reasons():
-    strategy, _, _, _ = make_strategy()
-    strategy.preflight = True
+    strategy, _, _, _ = make_strategy(preflight=True)
     manager = SimpleClientManager()
     manager.register(StartingProxy("8"))
-    manager.register(StartingProxy("9", error="outer-batch-size 40 must be in [1, 12]"))
-    with pytest.raises(RuntimeError, match=r"1 of 2 clients cannot start:\nclient 9: outer-batch-size 40"):
+    manager.register(StartingProxy("9", error="perfedavg-outer-batch-size 40 must be in [1, 12]"))
+    with pytest.raises(RuntimeError, match=r"1 of 2 clients cannot start:\nclient 9: perfedavg-outer-batch-size 40"):
         strategy.initialize_parameters(manager)
     healthy = SimpleClientManager()
     healthy.register(StartingProxy("1"))
-    initial = strategy.initial_parameters
-    assert initial is not None and strategy.initialize_parameters(healthy) is initial
+    initial = strategy.global_parameters
+    assert strategy.initialize_parameters(healthy) is initial
+    assert strategy.nodes.properties == {"1": {"partition-id": 1, "num-partitions": 0}}
 
 
 def test_uniform_aggregation_ignores_example_counts():
-    strategy, manager, proxies, _ = make_strategy()
-    strategy.aggregation = "uniform"
-    strategy.configure_fit(1, strategy.initial_parameters, manager)
+    strategy, manager, proxies, _ = make_strategy(aggregation="uniform")
+    strategy.configure_fit(1, strategy.global_parameters, manager)
     results = [(proxies[0], fit_res(arrays(1.0), 10)), (proxies[1], fit_res(arrays(3.0), 30))]
     parameters, metrics = strategy.aggregate_fit(1, results, [])
     for got in parameters_to_ndarrays(parameters):
@@ -187,34 +178,39 @@ def test_uniform_aggregation_ignores_example_counts():
     assert metrics["examples"] == 40
 
 
+def test_replies_are_combined_in_partition_order_whatever_their_arrival():
+    strategy, manager, proxies, _ = make_strategy()
+    strategy.configure_fit(1, strategy.global_parameters, manager)
+    rng = np.random.default_rng(0)
+    replies = [(p, fit_res([rng.normal(size=s).astype(np.float32) for s in SHAPES], int(rng.integers(1, 50))))
+               for p in proxies]  # fmt: skip
+    first, _ = strategy.aggregate_fit(1, [(p, r) for p, r in replies], [])
+    shuffled = [replies[i] for i in (2, 0, 3, 1)]
+    strategy.configure_fit(1, strategy.global_parameters, manager)
+    again, _ = strategy.aggregate_fit(1, shuffled, [])
+    for a, b in zip(parameters_to_ndarrays(first), parameters_to_ndarrays(again), strict=True):
+        np.testing.assert_array_equal(a, b)  # bit for bit: the sum runs in the same order
+
+
 def test_perfedavg_broadcasts_its_hyperparameters_and_adapts_with_alpha():
-    strategy = PerFedAvg(
-        alpha=0.03, beta=0.07, delta=1e-4, variant="so", local_steps=4, batch_size=5, outer_batch_size=6,
-        hessian_batch_size=7, num_rounds=2, fraction_fit=1.0, min_fit_clients=1, min_available_clients=1,
-        initial_parameters=ndarrays_to_parameters(arrays(0.0)), preflight=False,
-    )  # fmt: skip
-    assert strategy.aggregation == "uniform" and strategy.name == "perfedavg"
-    config = strategy.fit_config(3)
-    assert config == {"alpha": 0.03, "beta": 0.07, "delta": 1e-4, "variant": "so", "local-steps": 4, "batch-size": 5,
-                      "outer-batch-size": 6, "hessian-batch-size": 7, "server-round": 3}  # fmt: skip
-    assert strategy.evaluate_config(3) == {"adapt-steps": 1, "adapt-lr": 0.03, "server-round": 3}
+    run = settings(strategy="perfedavg", perfedavg_alpha=0.03, perfedavg_beta=0.07, perfedavg_delta=1e-4,
+                   perfedavg_variant="so", local_steps=4, batch_size=5, perfedavg_outer_batch_size=6,
+                   perfedavg_hessian_batch_size=7, num_server_rounds=2)  # fmt: skip
+    strategy = PerFedAvg(settings=run, initial_parameters=ndarrays_to_parameters(arrays(0.0)))
+    assert strategy.name == "perfedavg" and run.run.aggregation == "uniform"
+    assert strategy.fit_config(3) == {
+        "local-steps": 4, "batch-size": 5, "perfedavg-alpha": 0.03, "perfedavg-beta": 0.07, "perfedavg-delta": 1e-4,
+        "perfedavg-variant": "so", "perfedavg-outer-batch-size": 6, "perfedavg-hessian-batch-size": 7,
+        "server-round": 3}  # fmt: skip
+    assert strategy.evaluate_config() == {"adapt-steps": 1, "adapt-lr": 0.03, "adapt-batch-size": 10}
+    explicit = PerFedAvg(settings=settings(strategy="perfedavg", adapt_lr=0.5),
+                         initial_parameters=ndarrays_to_parameters(arrays(0.0)))  # fmt: skip
+    assert explicit.evaluate_config()["adapt-lr"] == 0.5
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"alpha": -1.0}, "alpha must be >= 0"),
-        ({"beta": 0.0}, "beta must be > 0"),
-        ({"delta": -1e-3}, "delta must be > 0"),
-        ({"variant": "exact"}, "variant 'exact' is not one of"),
-        ({"hessian_batch_size": 0}, "hessian-batch-size must be >= 1"),
-        ({"local_steps": 0}, "local-steps must be >= 1"),
-        ({"aggregation": "median"}, "aggregation 'median' is not one of"),
-    ],
-)
-def test_perfedavg_refuses_bad_hyperparameters(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        PerFedAvg(**{"alpha": 0.1, "beta": 0.1, "num_rounds": 1, **kwargs})
+def test_a_strategy_refuses_another_methods_settings():
+    with pytest.raises(TypeError, match="PerFedAvg needs PerFedAvgSettings, got FedAvgSettings"):
+        PerFedAvg(settings=settings(strategy="fedavg"), initial_parameters=ndarrays_to_parameters(arrays(0.0)))
 
 
 def test_central_evaluation_is_recorded_every_round_on_the_aggregated_model():
@@ -226,14 +222,15 @@ def test_central_evaluation_is_recorded_every_round_on_the_aggregated_model():
         return {"accuracy": 0.25, "loss": float(arrays[0].sum())}
 
     strategy.central_evaluation = central
-    assert strategy.evaluate(0, strategy.initial_parameters) is None  # Flower's call before round 1
-    strategy.configure_fit(1, strategy.initial_parameters, manager)
+    assert strategy.evaluate(0, strategy.global_parameters) is None  # Flower's call before round 1
+    strategy.configure_fit(1, strategy.global_parameters, manager)
     replies = [(proxies[0], fit_res(arrays(2.0), 5)), (proxies[1], fit_res(arrays(4.0), 5))]
     params, _ = strategy.aggregate_fit(1, replies, [])
     loss, metrics = strategy.evaluate(1, params)
     np.testing.assert_allclose(seen[0][0], 3.0)  # the aggregate (5 examples each)
     assert loss == metrics["loss"] == pytest.approx(3.0 * 6)
-    strategy.configure_evaluate(1, params, manager)  # not an evaluation round: the record closes
+    assert strategy.configure_evaluate(1, params, manager) == []  # not an evaluation round
+    strategy.end_round(1)
     assert recorder.rounds[0]["central-accuracy"] == 0.25
     assert "central acc 0.2500" in progress_line(recorder.rounds[0], 2)
 
@@ -241,13 +238,13 @@ def test_central_evaluation_is_recorded_every_round_on_the_aggregated_model():
 def test_decode_once_aggregation_is_bit_for_bit_flowers_inplace_fedavg():
     from flwr.server.strategy.aggregate import aggregate_inplace
 
-    from strategies.vectors import weighted_average_inplace
+    from strategies.aggregation import weighted_average_inplace
 
     rng = np.random.default_rng(3)
     shapes = [(80, 784), (80,), (10, 80), (10,)]
     models = [[rng.normal(size=s).astype(np.float32) for s in shapes] for _ in range(7)]
     counts = [int(c) for c in rng.integers(1, 500, size=7)]
-    replies = [(FakeProxy(str(i)), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(m), c, {}))
+    replies = [(FakeProxy(str(i)), FitRes(OK, ndarrays_to_parameters(m), c, {}))
                for i, (m, c) in enumerate(zip(models, counts, strict=True))]  # fmt: skip
     expected = aggregate_inplace(replies)
     mine = weighted_average_inplace([[a.copy() for a in m] for m in models], counts)

@@ -1,0 +1,358 @@
+"""The base of every stamen strategy: a round of FedAvg with personalised evaluation, built from parts.
+
+The parts live beside it: seeded sampling (``sampling``), the node map and preflight
+(``nodes``), reply screening (``screening``), averaging (``aggregation``), records
+and progress lines (``records``), checkpoints (``checkpoint``). A method subclasses
+:class:`FederatedStrategy`, names its contract, and overrides a few hooks:
+
+======================  =====================================================  ============================
+hook                    what it decides                                         default
+======================  =====================================================  ============================
+``hyperparameters``     the values in force, sent in every fit config           the contract's keys
+``evaluate_config``     what every evaluate config holds                        ``adapt-*``, ``adapt-lr`` = lr
+``sample_fit``          which partitions train this round                       seeded, ``fraction-fit``
+``sample_evaluate``     which partitions evaluate                               seeded, ``fraction-evaluate``
+``parameters_for``      the model a partition is sent                           the global model
+``combine``             how accepted replies become the new global model        weighted average
+``start``               set-up once the nodes are known (before round 1)        nothing
+``state``/``restore``   what a checkpoint keeps besides the global model        nothing
+``finish``              what the run writes at its end                          nothing
+======================  =====================================================  ============================
+
+Flower's ``Strategy`` methods are implemented here once and call the hooks; a round's
+record is written by :meth:`end_round`, which :class:`strategies.server.RoundServer`
+calls after each round's evaluation.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from logging import INFO, WARNING
+from typing import ClassVar
+
+import numpy as np
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.common.logger import log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
+
+from strategies.aggregation import weighted_average_inplace
+from strategies.checkpoint import Checkpoint, CheckpointError, arrays_of_model, check_shapes, model_arrays
+from strategies.contracts.common import EVALUATE_METRICS, FIT_METRICS, Settings
+from strategies.contracts.contract import Contract
+from strategies.contracts.fedavg import CONTRACT as FEDAVG
+from strategies.nodes import NodeDirectory
+from strategies.recorder import NullRecorder, Recorder
+from strategies.records import evaluation_summary, fit_totals, progress_line, run_summary, summary_line
+from strategies.sampling import sample_partitions, sample_size
+from strategies.screening import Reply, evaluate_reply_problem, fit_reply_problem
+
+Failures = list[tuple[ClientProxy, FitRes] | tuple[ClientProxy, EvaluateRes] | BaseException]
+
+
+class FederatedStrategy(Strategy):
+    """FedAvg, hardened against bad clients, seeded, with personalised evaluation and per-round records.
+
+    Every training reply is screened (array count and shapes, finite values, positive
+    example count, metrics within their declared ranges) before it may touch the
+    global model; a rejected reply is logged and counted as a failure. Every
+    ``eval-every`` rounds (and in the last round) the sampled clients run the
+    personalised evaluation; the server summarises it as an example-weighted mean
+    plus the client mean, min, median and max. One record per round goes to the recorder.
+
+    Parameters
+    ----------
+    settings
+        The run's settings; ``settings.method`` must be this strategy's contract's settings.
+    initial_parameters
+        The global model before round 1.
+    recorder
+        Receives the round records, named arrays, checkpoints and the final summary.
+    central_evaluation
+        Optional: the global model's arrays -> metrics (``accuracy``, ``loss``) on the
+        server's test data, recorded as ``central-*`` after every round.
+
+    """
+
+    contract: ClassVar[Contract] = FEDAVG
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        initial_parameters: Parameters,
+        recorder: Recorder | None = None,
+        central_evaluation: Callable[[list[np.ndarray]], dict[str, float]] | None = None,
+    ) -> None:
+        if not isinstance(settings.method, self.contract.settings):
+            raise TypeError(f"{type(self).__name__} needs {self.contract.settings.__name__}, "
+                            f"got {type(settings.method).__name__}")  # fmt: skip
+        self.settings = settings
+        self.method = settings.method
+        self.recorder = recorder if recorder is not None else NullRecorder()
+        self.central_evaluation = central_evaluation
+        self.nodes = NodeDirectory()
+        self.global_parameters = initial_parameters
+        self.global_model = parameters_to_ndarrays(initial_parameters)  # decoded once, kept decoded
+        self.shapes = [a.shape for a in self.global_model]
+        self.fit_specs = {m.name: m for m in (*FIT_METRICS, *self.contract.metrics)}
+        self.evaluate_specs = {m.name: m for m in EVALUATE_METRICS}
+        self.history: list[dict] = []
+        self.record: dict = {}
+        self.started = time.perf_counter()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rounds={self.num_rounds})"
+
+    @property
+    def name(self) -> str:
+        return self.contract.name
+
+    @property
+    def num_rounds(self) -> int:
+        return self.settings.run.num_server_rounds
+
+    # ------------------------------------------------------------------ hooks
+
+    def hyperparameters(self) -> dict[str, Scalar]:
+        """The values in force: the shared keys the contract uses and the method's keys clients read."""
+        training = self.settings.training.values()
+        method = self.method.values()
+        own = {k: method[k] for k in self.contract.broadcast_keys()}
+        return {**{k: training[k] for k in self.contract.uses}, **own}
+
+    def evaluate_config(self) -> dict[str, Scalar]:
+        """What every evaluate config holds besides ``server-round``: the adaptation (``adapt-lr`` 0 means ``lr``)."""
+        training = self.settings.training
+        return {"adapt-steps": training.adapt_steps, "adapt-lr": training.adapt_lr or training.lr,
+                "adapt-batch-size": training.adapt_batch_size}  # fmt: skip
+
+    def sample_fit(self, server_round: int, partitions: list[int]) -> list[int]:
+        """The partitions that train in ``server_round``: ``fraction-fit`` of those connected, seeded."""
+        return self._sample(server_round, partitions, self.settings.run.fraction_fit, "fit")
+
+    def sample_evaluate(self, server_round: int, partitions: list[int]) -> list[int]:
+        """The partitions that evaluate in ``server_round``: ``fraction-evaluate`` of those connected, seeded."""
+        return self._sample(server_round, partitions, self.settings.run.fraction_evaluate, "evaluate")
+
+    def parameters_for(self, partition: int) -> Parameters:
+        """The model sent to ``partition`` (for training and for evaluation)."""
+        return self.global_parameters
+
+    def combine(self, server_round: int, replies: list[Reply]) -> tuple[list[np.ndarray] | None, dict[str, Scalar]]:
+        """The new global model from the round's accepted replies, and extra metrics for the record.
+
+        ``None`` keeps the global model. The default averages the models, by example
+        count or uniformly (``aggregation``). Replies come in partition order; their
+        arrays may be overwritten.
+        """
+        if not replies:
+            return None, {}
+        by_examples = self.settings.run.aggregation == "examples"
+        weights = [reply.num_examples if by_examples else 1 for reply in replies]
+        return weighted_average_inplace([reply.arrays for reply in replies], weights), {}
+
+    def start(self) -> None:
+        """Set-up once the nodes are known, before round 1 (``self.nodes.properties`` holds their answers)."""
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """Named arrays and JSON scalars a checkpoint keeps for this method (the base has none)."""
+        return {}, {}
+
+    def restore(self, arrays: dict[str, np.ndarray], state: dict) -> None:
+        """The inverse of :meth:`state`."""
+
+    def finish(self) -> None:
+        """What the run writes at its end, besides the summary (through ``self.recorder``)."""
+
+    # --------------------------------------------------- Flower's Strategy API
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        """Wait for ``min-available-clients``, run the preflight, then :meth:`start`."""
+        self.nodes.wait_for(client_manager, self.settings.run.min_available_clients)
+        if self.settings.run.preflight:
+            self.nodes.preflight(client_manager, self.fit_config(0))
+        self.start()
+        return self.global_parameters
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        self.record = {"round": server_round, "strategy": self.name, "_start": time.perf_counter()}
+        self.record.update({f"hp-{k}": v for k, v in self.hyperparameters().items()})
+        nodes = self.nodes.connected(client_manager)
+        chosen = self.sample_fit(server_round, sorted(nodes))
+        config = self.fit_config(server_round)
+        self.record.update({"clients-sampled": len(chosen), "fit-partitions": chosen})
+        return [(nodes[p], FitIns(self.parameters_for(p), config)) for p in chosen]
+
+    def aggregate_fit(
+        self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        replies, rejected = self.screen_fit(server_round, results)
+        metrics = fit_totals(replies, self.fit_specs.values())
+        arrays, extra = self.combine(server_round, replies)
+        metrics.update(extra)
+        if arrays is not None:
+            self.global_model = arrays
+            self.global_parameters = ndarrays_to_parameters(arrays)
+        elif not replies:
+            log(WARNING, "round %s: no usable fit reply; the global model is unchanged", server_round)
+        self.record.update({"clients-succeeded": len(replies), "clients-failed": len(failures) + rejected,
+                            "clients-rejected": rejected, **metrics})  # fmt: skip
+        self._record_failures("fit", server_round, failures)
+        return (self.global_parameters if arrays is not None else None), metrics
+
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        """The server's test of the global model after each round, when a central evaluation is given."""
+        if self.central_evaluation is None or server_round == 0:
+            return None
+        metrics = self.central_evaluation(self.global_model)
+        self.record.update({f"central-{k}": v for k, v in metrics.items()})
+        return metrics["loss"], metrics
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        if not self.is_evaluation_round(server_round):
+            return []
+        nodes = self.nodes.connected(client_manager)
+        chosen = self.sample_evaluate(server_round, sorted(nodes))
+        config = {**self.evaluate_config(), "server-round": server_round}
+        return [(nodes[p], EvaluateIns(self.parameters_for(p), config)) for p in chosen]
+
+    def aggregate_evaluate(
+        self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        accepted = []
+        for proxy, res in sorted(results, key=lambda pair: self.nodes.partition_of(pair[0].cid)):
+            try:
+                problem = evaluate_reply_problem(res.loss, res.num_examples, res.metrics, self.evaluate_specs)
+            except Exception as err:  # e.g. a loss that is not a number
+                problem = f"unreadable reply ({err})"
+            if problem is None:
+                accepted.append((res.loss, res.num_examples, res.metrics))
+            else:
+                log(WARNING, "round %s: rejected evaluate reply from node %s: %s", server_round, proxy.cid, problem)
+        metrics = evaluation_summary(accepted)
+        metrics["eval-clients-failed"] = len(results) - len(accepted) + len(failures)
+        self.record.update(metrics)
+        self._record_failures("evaluate", server_round, failures)
+        return (metrics["loss"] if accepted else None), metrics
+
+    # ------------------------------------------------------------- the round
+
+    def fit_config(self, server_round: int) -> dict[str, Scalar]:
+        """The config dict sent with every fit instruction of ``server_round``."""
+        return {**self.hyperparameters(), "server-round": server_round}
+
+    def is_evaluation_round(self, server_round: int) -> bool:
+        due = server_round % self.settings.run.eval_every == 0 or server_round == self.num_rounds
+        return due and self.settings.run.fraction_evaluate > 0
+
+    def screen_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]) -> tuple[list[Reply], int]:
+        """The replies that may be combined (decoded, in partition order) and how many were rejected."""
+        replies, rejected = [], 0
+        for proxy, res in results:
+            try:
+                arrays = parameters_to_ndarrays(res.parameters)
+                problem = fit_reply_problem(arrays, res.num_examples, res.metrics, self.shapes, self.fit_specs)
+            except Exception as err:  # undecodable payloads are malformed replies too
+                problem = f"unreadable reply ({err})"
+            if problem is None:
+                partition = self.nodes.partition_of(proxy.cid)
+                replies.append(Reply(proxy.cid, partition, arrays, res.num_examples, dict(res.metrics)))
+            else:
+                log(WARNING, "round %s: rejected fit reply from node %s: %s", server_round, proxy.cid, problem)
+                rejected += 1
+        return sorted(replies, key=lambda reply: reply.partition), rejected
+
+    def end_round(self, server_round: int) -> None:
+        """Write the round's record, log a progress line, checkpoint when due, and finish after the last round."""
+        record = dict(self.record) or {"round": server_round, "strategy": self.name}
+        start = record.pop("_start", time.perf_counter())
+        record["round-seconds"] = time.perf_counter() - start
+        record["elapsed-seconds"] = time.perf_counter() - self.started
+        self.history.append(record)
+        self.record = {}
+        self.recorder.record_round(record)
+        log(INFO, progress_line(record, self.num_rounds))
+        every = self.settings.execution.checkpoint_every
+        if every and (server_round % every == 0 or server_round == self.num_rounds):
+            self.recorder.save_checkpoint(self.checkpoint(server_round))
+        if server_round == self.num_rounds:
+            self.finish()
+            summary = run_summary(self.history, self.name)
+            self.recorder.finish(summary)
+            log(INFO, "final: %s", summary_line(summary))
+
+    def _sample(self, server_round: int, partitions: list[int], fraction: float, purpose: str) -> list[int]:
+        minimum = self.settings.run.min_fit_clients
+        size = sample_size(len(partitions), fraction, minimum)
+        if len(partitions) < minimum:
+            log(WARNING, "only %d node(s) connected (fewer than the %d asked for); sampling %d of them",
+                len(partitions), minimum, size)  # fmt: skip
+        return sample_partitions(partitions, size, seed=self.settings.run.seed, server_round=server_round,
+                                 purpose=purpose)  # fmt: skip
+
+    def _record_failures(self, kind: str, server_round: int, failures: Failures) -> None:
+        for failure in failures:
+            log(WARNING, "round %s: %s failed: %s", server_round, kind, describe_failure(failure))
+        if failures:
+            self.record[f"{kind}-failures"] = [describe_failure(f)[:500] for f in failures]
+
+    # ------------------------------------------------------------- checkpoints
+
+    def checkpoint(self, server_round: int) -> Checkpoint:
+        """The run after ``server_round``: global model, round records, node map and the method's :meth:`state`."""
+        own_arrays, own_state = self.state()
+        state = {"strategy": self.name, "history": self.history, "elapsed-seconds": time.perf_counter() - self.started,
+                 "node-properties": self.nodes.properties, "own": own_state}  # fmt: skip
+        # a copy: the run goes on changing its history and state after this call
+        return Checkpoint(round=server_round, arrays={**model_arrays(self.global_model), **own_arrays},
+                          state=copy.deepcopy(state))  # fmt: skip
+
+    def resume(self, checkpoint: Checkpoint) -> Parameters:
+        """Continue from ``checkpoint`` (after the preflight); returns the global model to start from.
+
+        Raises
+        ------
+        CheckpointError
+            If the checkpoint was written by another strategy or for another model.
+
+        """
+        if checkpoint.state.get("strategy") != self.name:
+            raise CheckpointError(f"checkpoint was written by strategy {checkpoint.state.get('strategy')!r}, "
+                                  f"this run is {self.name!r}")  # fmt: skip
+        stored = arrays_of_model(checkpoint)
+        check_shapes(self.shapes, stored)
+        # JSON has no NaN: the checkpoint stores it as null
+        self.history = [{k: np.nan if v is None else v for k, v in r.items()} for r in checkpoint.state["history"]]
+        self.started = time.perf_counter() - float(checkpoint.state.get("elapsed-seconds", 0.0))
+        # a node still connected keeps its partition; the preflight's fresh answers win where they differ
+        self.nodes.properties = {**checkpoint.state.get("node-properties", {}), **self.nodes.properties}
+        self.restore(checkpoint.arrays, checkpoint.state.get("own", {}))
+        self.global_model = stored
+        self.global_parameters = ndarrays_to_parameters(stored)
+        log(INFO, "resumed after round %d of %d", checkpoint.round, self.num_rounds)
+        return self.global_parameters
+
+
+def describe_failure(failure: object) -> str:
+    """A failed reply or exception as one log-friendly line."""
+    if isinstance(failure, BaseException):
+        return f"{type(failure).__name__}: {failure}"
+    proxy, res = failure  # a reply that arrived with an error status
+    return f"node {proxy.cid}: {getattr(res, 'status', res)}"

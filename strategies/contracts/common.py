@@ -1,0 +1,187 @@
+"""The keys and metrics every method shares, and ``Settings``: a whole run's settings, typed.
+
+The shared keys come in four groups (the run, the data, the model and local training,
+the execution); each method adds its own group of ``<method>-...`` keys in its
+contract. A run-config key belongs to exactly one group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from datasets import (
+    DATASETS,
+    EMNIST_SPLITS,
+    GENERATED,
+    NATURAL,
+    NEEDS_DATA_DIR,
+    PAPER_VARIANTS,
+    PARTITIONERS,
+    DataSpec,
+    PartitionSpec,
+)
+from strategies.contracts.contract import MethodSettings, Metric
+from strategies.contracts.keys import ConfigError, KeyedSettings, key
+
+MODELS = ("mlp", "cnn", "cnn-small", "logreg", "linear")
+IMAGE_MODELS = ("cnn", "cnn-small")
+AGGREGATIONS = ("examples", "uniform")
+DEVICES = ("auto", "cpu", "cuda")
+MAX_REASONABLE_LOSS = 1e6  # cross-entropy of a uniform guess over 1e6 classes is ~14: beyond this a client is broken
+
+# Metric keys every client reports (strategies read the same names).
+TRAIN_LOSS, LOCAL_STEPS, GRAD_EVALS, HVP_EVALS, SAMPLE_GRADS = (
+    "train-loss", "local-steps", "grad-evals", "hvp-evals", "sample-grads")  # fmt: skip
+ACCURACY, GLOBAL_ACCURACY, GLOBAL_LOSS = "accuracy", "global-accuracy", "global-loss"
+PARTITION_ID, NUM_PARTITIONS = "partition-id", "num-partitions"
+
+FIT_METRICS = (
+    Metric(TRAIN_LOSS, "mean training loss over the local steps", 0.0, MAX_REASONABLE_LOSS),
+    Metric(LOCAL_STEPS, "local steps taken", 0.0, total="client-steps"),
+    Metric(GRAD_EVALS, "mini-batch gradient evaluations", 0.0, total=GRAD_EVALS),
+    Metric(HVP_EVALS, "Hessian-vector products", 0.0, total=HVP_EVALS),
+    Metric(SAMPLE_GRADS, "per-example gradients", 0.0, total=SAMPLE_GRADS),
+    Metric(PARTITION_ID, "the client's partition", 0.0),
+)
+EVALUATE_METRICS = (
+    Metric(ACCURACY, "personalised test accuracy (after adaptation)", 0.0, 1.0),
+    Metric(GLOBAL_ACCURACY, "test accuracy of the model as received", 0.0, 1.0),
+    Metric(GLOBAL_LOSS, "test loss of the model as received", 0.0, MAX_REASONABLE_LOSS),
+    Metric(GRAD_EVALS, "gradient evaluations of the adaptation", 0.0),
+    Metric(PARTITION_ID, "the client's partition", 0.0),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSettings(KeyedSettings):
+    """The run: which method, how many rounds, whom each round asks, how replies are averaged."""
+
+    strategy: str = key("perfedavg", "the method (see the table of methods)")
+    num_server_rounds: int = key(100, "federated rounds", at_least=1)
+    fraction_fit: float = key(0.2, "share of the clients sampled for training each round (the paper's r)",
+                              above=0, at_most=1)  # fmt: skip
+    fraction_evaluate: float = key(1.0, "share of the clients evaluated in an evaluation round (0 = none)",
+                                   at_least=0, at_most=1)  # fmt: skip
+    min_fit_clients: int = key(2, "never sample fewer clients than this for training or evaluation", at_least=1)
+    min_available_clients: int = key(2, "wait until this many clients are connected before round 1", at_least=1)
+    eval_every: int = key(10, "personalised evaluation every k rounds, and always in the last round", at_least=1)
+    central_eval: bool = key(False, "also test the global model on the dataset's test set on the server, every round")
+    preflight: bool = key(True, "before round 1, every node loads its data and checks the config (one message each)")
+    aggregation: str = key("uniform", "uniform (the Per-FedAvg paper) or examples (weigh models by example count)",
+                           choices=AGGREGATIONS)  # fmt: skip
+    seed: int = key(0, "seeds the split, the model, the clients sampled each round and every client's batches",
+                    at_least=0, at_most=2**63 - 1)  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSettings(KeyedSettings):
+    """Which data, from where, and how it is split over the clients."""
+
+    dataset: str = key("mnist-5k", "mnist-5k (embedded), torchvision or LEAF files, or generated data",
+                       choices=DATASETS)  # fmt: skip
+    data_dir: str = key("", "folder with the dataset's files (torchvision layout; LEAF train/ and test/)")
+    download: bool = key(False, "let torchvision download mnist/fashion-mnist/emnist/cifar10 into data-dir")
+    emnist_split: str = key("balanced", "which EMNIST split", choices=EMNIST_SPLITS)
+    partitioner: str = key("perfedavg-paper", "how the data is split over the clients", choices=PARTITIONERS)
+    images_per_class: int = key(8, "perfedavg-paper: a (even)", at_least=2)
+    paper_variant: str = key("standard", "perfedavg-paper: standard or diff-hetero (the second half drop a/2)",
+                             choices=PAPER_VARIANTS)  # fmt: skip
+    dirichlet_concentration: float = key(0.5, "dirichlet: smaller means more label skew", above=0)
+    classes_per_client: int = key(2, "shards: distinct classes per client", at_least=1)
+    test_fraction: float = key(0.2, "per-client held-out share for data without a test set", above=0, below=1)
+    synthetic_alpha: float = key(1.0, "synthetic, least-squares: how much the local models differ", at_least=0)
+    synthetic_beta: float = key(1.0, "synthetic, least-squares: how much the local inputs differ", at_least=0)
+
+    def check(self) -> None:
+        if self.dataset in NEEDS_DATA_DIR and not self.data_dir:
+            raise ConfigError(f"run config key 'data-dir' must be set for dataset {self.dataset!r} "
+                              "(a folder with its files)")  # fmt: skip
+        if self.partitioner == "natural" and self.dataset not in NATURAL:
+            raise ConfigError(f"run config key 'partitioner': 'natural' needs a dataset with users, one of "
+                              f"{list(NATURAL)}; dataset is {self.dataset!r}")  # fmt: skip
+        if self.partitioner == "perfedavg-paper" and self.images_per_class % 2:
+            raise ConfigError(f"run config key 'images-per-class': {self.images_per_class} must be even "
+                              "(users take a/2)")  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingSettings(KeyedSettings):
+    """The model, local training and the personalised evaluation every client runs."""
+
+    model: str = key("mlp", "the network (see the models table)", choices=MODELS)
+    lr: float = key(0.05, "local SGD step size", above=0)
+    local_steps: int = key(10, "local steps per round (the paper's tau)", at_least=1)
+    local_epochs: float = key(0.0, "if > 0: passes over the local data per round instead of local-steps", at_least=0)
+    batch_size: int = key(10, "local mini-batch size (Per-FedAvg's D)", at_least=1)
+    adapt_steps: int = key(1, "personalised evaluation: SGD steps on the client's own training data", at_least=0)
+    adapt_lr: float = key(0.0, "their step size (0: the method's test-time step, Per-FedAvg's alpha or lr)",
+                          at_least=0)  # fmt: skip
+    adapt_batch_size: int = key(10, "their batch size (0: the client's whole training set)", at_least=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutionSettings(KeyedSettings):
+    """Where clients compute, and where and how often the run writes."""
+
+    device: str = key("auto", "auto (CUDA when available), cpu or cuda", choices=DEVICES)
+    num_threads: int = key(1, "torch threads per client process (0: torch's default)", at_least=0)
+    server_threads: int = key(64, "messages the server keeps in flight at once", at_least=1)
+    results_dir: str = key("results", "results go to <results-dir>/<run-name>/ (relative: the server's directory)")
+    run_name: str = key("", "empty: <strategy>-<dataset>-<timestamp>")
+    checkpoint_every: int = key(0, "write <run folder>/checkpoint.npz every k rounds and after the last (0 = never)",
+                                at_least=0)  # fmt: skip
+    resume_from: str = key("", "a checkpoint.npz (or its run folder): continue that run, in that folder")
+
+
+SHARED_GROUPS: tuple[type[KeyedSettings], ...] = (RunSettings, DataSettings, TrainingSettings, ExecutionSettings)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """A whole run's settings: the four shared groups and the chosen method's own.
+
+    Building one checks the rules between groups (a model that needs images on
+    generated data, say) and then the method's own rules against the shared keys.
+    """
+
+    run: RunSettings
+    data: DataSettings
+    training: TrainingSettings
+    execution: ExecutionSettings
+    method: MethodSettings
+
+    def __post_init__(self) -> None:
+        data, training = self.data, self.training
+        if training.model in IMAGE_MODELS and data.dataset in GENERATED:
+            raise ConfigError(f"run config key 'model': {training.model!r} needs images; dataset {data.dataset!r} "
+                              "has feature vectors")  # fmt: skip
+        if (training.model == "linear") != (data.dataset == "least-squares"):
+            raise ConfigError("run config key 'model': dataset 'least-squares' (real targets) and model 'linear' go "
+                              f"together; got model {training.model!r} with dataset {data.dataset!r}")  # fmt: skip
+        if self.run.central_eval and data.dataset in GENERATED:
+            raise ConfigError(f"run config key 'central-eval': needs a dataset with its own test set; "
+                              f"{data.dataset!r} has none")  # fmt: skip
+        self.method.check_in(self)
+
+    def as_run_config(self) -> dict[str, object]:
+        """Every key of the shared groups and of the method, with its value (for summaries and checkpoints)."""
+        out: dict[str, object] = {}
+        for group in (self.run, self.data, self.training, self.execution, self.method):
+            out.update(group.values())
+        return out
+
+    def data_spec(self, num_partitions: int = 0) -> DataSpec:
+        """What the datasets package needs to load the source (generated data: one user per partition)."""
+        data = self.data
+        return DataSpec(name=data.dataset, data_dir=data.data_dir, download=data.download,
+                        emnist_split=data.emnist_split, synthetic_alpha=data.synthetic_alpha,
+                        synthetic_beta=data.synthetic_beta, seed=self.run.seed,
+                        num_users=num_partitions if data.dataset in GENERATED else 0)  # fmt: skip
+
+    def partition_spec(self, num_partitions: int) -> PartitionSpec:
+        """How the source is split for ``num_partitions`` clients."""
+        data = self.data
+        return PartitionSpec(name=data.partitioner, num_clients=num_partitions, seed=self.run.seed,
+                             images_per_class=data.images_per_class, paper_variant=data.paper_variant,
+                             concentration=data.dirichlet_concentration, classes_per_client=data.classes_per_client,
+                             test_fraction=data.test_fraction)  # fmt: skip

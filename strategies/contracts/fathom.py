@@ -1,0 +1,84 @@
+"""FATHOM's contract: hyper-step sizes, smoothing and bounds (server side), and the clients' ``phi``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from strategies.contracts.contract import Contract, MethodSettings, Metric
+from strategies.contracts.keys import ConfigError, key
+
+if TYPE_CHECKING:
+    from strategies.contracts.common import Settings
+
+LOCAL_TERMS = ("cosine", "eq12")
+PHI, USED_BATCH = "phi", "used-batch-size"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FathomSettings(MethodSettings):
+    """FATHOM (Kan, 2023): FedAvg that tunes ``lr``, ``local-epochs`` and ``batch-size`` online.
+
+    It starts from the shared ``lr``, ``local-epochs`` (> 0) and ``batch-size``; its own keys
+    are read by the server only. Defaults are the seed's Algorithm 1 and the reference
+    code's upper bounds.
+    """
+
+    prefix: ClassVar[str] = "fathom"
+
+    gamma_lr: float = key(0.01, "hyper-step of the learning rate", at_least=0, server_only=True)
+    gamma_epochs: float = key(0.01, "hyper-step of the epochs", at_least=0, server_only=True)
+    gamma_batch: float = key(0.1, "hyper-step of the batch size", at_least=0, server_only=True)
+    smoothing: float = key(0.5, "weight of the previous smoothed update (a_sm)", at_least=0, below=1,
+                           server_only=True)  # fmt: skip
+    lr_min: float = key(0.0001, "lower bound of the learning rate", above=0, server_only=True)
+    lr_max: float = key(1.0, "upper bound of the learning rate", above=0, server_only=True)
+    epochs_min: float = key(0.01, "lower bound of the epochs", above=0, server_only=True)
+    epochs_max: float = key(10.0, "upper bound of the epochs", above=0, server_only=True)
+    batch_min: float = key(1.0, "lower bound of the batch size", at_least=1, server_only=True)
+    batch_max: float = key(5096.0, "upper bound of the batch size", at_least=1, server_only=True)
+    local_term: str = key("cosine", "cosine (the author's code) or eq12 (the paper's eq. 12, scaled by lr)",
+                          choices=LOCAL_TERMS, server_only=True)  # fmt: skip
+
+    @property
+    def lr_bounds(self) -> tuple[float, float]:
+        return self.lr_min, self.lr_max
+
+    @property
+    def epochs_bounds(self) -> tuple[float, float]:
+        return self.epochs_min, self.epochs_max
+
+    @property
+    def batch_bounds(self) -> tuple[float, float]:
+        return self.batch_min, self.batch_max
+
+    def check(self) -> None:
+        for low, high in (("lr_min", "lr_max"), ("epochs_min", "epochs_max"), ("batch_min", "batch_max")):
+            if getattr(self, low) > getattr(self, high):
+                raise ConfigError(f"run config key 'fathom-{low.replace('_', '-')}': {getattr(self, low)} is above "
+                                  f"'fathom-{high.replace('_', '-')}' = {getattr(self, high)}")  # fmt: skip
+
+    def check_in(self, settings: Settings) -> None:
+        training = settings.training
+        starts = (("lr", training.lr, self.lr_bounds), ("local-epochs", training.local_epochs, self.epochs_bounds),
+                  ("batch-size", training.batch_size, self.batch_bounds))  # fmt: skip
+        for name, value, (low, high) in starts:
+            if not low <= value <= high:
+                raise ConfigError(f"run config key {name!r}: fathom starts at {value}, outside its bounds "
+                                  f"[{low}, {high}]")  # fmt: skip
+
+
+CONTRACT = Contract(
+    name="fathom",
+    summary="FATHOM: FedAvg that tunes its client learning rate, epochs and batch size online",
+    settings=FathomSettings,
+    uses=("lr", "local-epochs", "batch-size"),
+    metrics=(
+        Metric(PHI, "smallest cosine between a local step's gradient and the displacement so far", -1.0, 1.0,
+               required=True),
+        Metric(USED_BATCH, "the batch size the client used", 1.0),
+        Metric("lr", "the learning rate the client used", 0.0),
+        Metric("local-epochs", "the epochs the client was sent", 0.0),
+    ),
+    example={"strategy": "fathom", "local-epochs": 1.0, "batch-size": 8},
+)

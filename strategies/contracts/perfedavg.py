@@ -1,0 +1,50 @@
+"""Per-FedAvg's contract: the meta-learning step sizes, the estimator and the three batches (ALGORITHMS.md 1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from strategies.contracts.contract import Contract, MethodSettings
+from strategies.contracts.keys import key
+
+VARIANTS = ("fo", "hf", "so")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerFedAvgSettings(MethodSettings):
+    """Per-FedAvg (Fallah, Mokhtari, Ozdaglar 2020): ``local-steps`` (tau) meta-updates on batches D, D', D''.
+
+    ``batch-size`` is the size of D; every client also adapts with step ``alpha`` before
+    it is tested (unless ``adapt-lr`` says otherwise).
+    """
+
+    prefix: ClassVar[str] = "perfedavg"
+
+    alpha: float = key(0.05, "inner (adaptation) step size; also the test-time step", at_least=0)
+    beta: float = key(0.05, "outer (meta) step size", above=0)
+    delta: float = key(0.001, "hf: central-difference step of the Hessian-vector product", above=0)
+    variant: str = key("hf", "fo (first order), hf (Hessian-free) or so (exact second order)", choices=VARIANTS)
+    outer_batch_size: int = key(10, "size of D' (the outer gradient)", at_least=1)
+    hessian_batch_size: int = key(10, "size of D'' (the Hessian term; unused by fo)", at_least=1)
+
+    def batch_sizes(self, batch_size: int) -> dict[str, int]:
+        """The sizes of D, D' and D'' by key."""
+        return {"batch-size": batch_size, "perfedavg-outer-batch-size": self.outer_batch_size,
+                "perfedavg-hessian-batch-size": self.hessian_batch_size}  # fmt: skip
+
+
+def check_batches(settings: PerFedAvgSettings, batch_size: int, num_examples: int) -> None:
+    """Refuse batches larger than a client's data: D, D' and D'' are drawn without replacement."""
+    for name, size in settings.batch_sizes(batch_size).items():
+        if size > num_examples:
+            raise ValueError(f"{name} {size} must be in [1, {num_examples}] (this client's training examples)")
+
+
+CONTRACT = Contract(
+    name="perfedavg",
+    summary="Per-FedAvg: personalised FL as MAML, with first-order, Hessian-free and exact second-order meta-steps",
+    settings=PerFedAvgSettings,
+    uses=("local-steps", "batch-size"),
+    example={"strategy": "perfedavg"},
+)

@@ -1,0 +1,83 @@
+"""Checks a client's reply must pass before it may touch the global model (pure numpy).
+
+What a metric may be is declared once, in the contracts (``Metric``: its range, and
+whether a reply must carry it); these functions apply the declarations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from strategies.contracts.common import MAX_REASONABLE_LOSS
+from strategies.contracts.contract import Metric
+
+
+@dataclass(frozen=True, eq=False)
+class Reply:
+    """A client's fit reply that passed screening, decoded once.
+
+    ``partition`` is the partition the server knows the node by; replies are
+    combined in partition order, so a run's sums never depend on arrival order.
+    """
+
+    node: str
+    partition: int
+    arrays: list[np.ndarray]
+    num_examples: int
+    metrics: Mapping[str, object]
+
+
+def metrics_problem(metrics: Mapping[str, object], specs: Mapping[str, Metric]) -> str | None:
+    """Why a reply's scalar metrics are absurd (not finite, or outside a declared range), or ``None``."""
+    for name, value in metrics.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isfinite(value):
+            return f"metric {name!r} is not finite ({value})"
+        if name in specs and (problem := specs[name].problem(value)):
+            return problem
+    return None
+
+
+def fit_reply_problem(
+    arrays: Sequence[np.ndarray],
+    num_examples: int,
+    metrics: Mapping[str, object],
+    expected_shapes: Sequence[tuple[int, ...]],
+    specs: Mapping[str, Metric],
+) -> str | None:
+    """Why a training reply must be rejected, or ``None`` when it may be aggregated.
+
+    A reply is rejected when it has the wrong number of arrays, an array of the
+    wrong shape, a non-finite value, a non-positive example count, a metric outside
+    its declared range, or lacks a metric its method requires.
+    """
+    if len(arrays) != len(expected_shapes):
+        return f"{len(arrays)} arrays, expected {len(expected_shapes)}"
+    for i, (array, shape) in enumerate(zip(arrays, expected_shapes, strict=True)):
+        if tuple(array.shape) != tuple(shape):
+            return f"array {i} has shape {tuple(array.shape)}, expected {tuple(shape)}"
+        if not np.issubdtype(array.dtype, np.number) or not np.all(np.isfinite(array)):
+            return f"array {i} holds non-finite or non-numeric values"
+    if num_examples <= 0:
+        return f"non-positive example count {num_examples}"
+    missing = [name for name, spec in specs.items() if spec.required and name not in metrics]
+    if missing:
+        return f"no {missing[0]!r} metric"
+    return metrics_problem(metrics, specs)
+
+
+def evaluate_reply_problem(
+    loss: float, num_examples: int, metrics: Mapping[str, object], specs: Mapping[str, Metric]
+) -> str | None:
+    """Why an evaluation reply must be rejected, or ``None`` when it may be aggregated.
+
+    Classifiers report accuracies; regression clients (least squares) report losses only.
+    """
+    if not math.isfinite(loss) or not 0.0 <= loss <= MAX_REASONABLE_LOSS:
+        return f"loss {loss} is not a finite value in [0, {MAX_REASONABLE_LOSS:g}]"
+    if num_examples <= 0:
+        return f"non-positive example count {num_examples}"
+    return metrics_problem(metrics, specs)

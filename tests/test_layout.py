@@ -1,0 +1,47 @@
+"""The dependency direction of docs/architecture.md, checked on every import statement of the packages."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+PACKAGES = ("app", "strategies", "clients", "datasets")
+# package (or subpackage) -> top-level modules it must not import
+FORBIDDEN = {
+    "datasets": ("app", "strategies", "clients", "flwr", "torch"),
+    "strategies.contracts": ("app", "clients", "flwr", "torch"),
+    "strategies": ("app", "clients", "torch"),
+    "clients": ("app",),
+}
+
+
+def imports_of(path: Path) -> list[str]:
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return names
+
+
+def modules():
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            yield ".".join(path.relative_to(REPO).with_suffix("").parts), path
+
+
+@pytest.mark.parametrize(("module", "path"), list(modules()), ids=lambda value: str(value))
+def test_imports_follow_the_dependency_direction(module, path):
+    owner = max((p for p in FORBIDDEN if module == p or module.startswith(p + ".")), key=len, default=None)
+    imported = imports_of(path)
+    if owner is not None:
+        bad = [name for name in imported if name.split(".")[0] in FORBIDDEN[owner]]
+        assert not bad, f"{module} imports {bad}; {owner} must not import {FORBIDDEN[owner]}"
+    if module.startswith("clients."):  # a client may read its method's contract and nothing else of the server's
+        bad = [n for n in imported if n.startswith("strategies") and not n.startswith("strategies.contracts")]
+        assert not bad, f"{module} imports {bad}; clients import only strategies.contracts"
+    assert not [name for name in imported if name.split(".")[0] == "flwr_datasets"], "flwr_datasets would be shadowed"
