@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from app.launcher import LocalSimulation  # noqa: E402
-from bench.common import SHARED_DATA, RunLog, interval, machine, read_records  # noqa: E402
+from bench.common import QUICK_RESULTS, SHARED_DATA, RunLog, interval, machine, read_records  # noqa: E402
 
 WRITERS, PER_ROUND, MODEL = 105, 10, "cnn-small"
 GRID_LR, GRID_BATCH = (0.03, 0.1, 0.3), (16, 64)
@@ -164,7 +164,8 @@ def cell(values: list[float], fmt: str) -> str:
     return f"{mean:{fmt}} ± {half:{fmt}}" if len(values) > 1 else f"{mean:{fmt}}"
 
 
-def report(bench: Bench, starts: list[Start], seeds: list[int], grid: list[dict]) -> dict:
+def report(bench: Bench, starts: list[Start], seeds: list[int], grid: list[dict]) -> tuple[dict, dict]:
+    """The report (figures, and the keys of the runs in the run log) and the runs themselves, by start and method."""
     runs = {(s.label, m): [r for seed in seeds if (r := bench.run(m, s, seed))] for s in starts for m in METHODS}
     tuned = runs[("baseline", "fedavg")]
     plateau = statistics.mean(r["plateau"] for r in tuned)
@@ -185,7 +186,7 @@ def report(bench: Bench, starts: list[Start], seeds: list[int], grid: list[dict]
     if base["fedavg"]["reached"] and base["fathom"]["reached"]:
         for key in ("rounds-to-target", "grads-to-target"):
             ratios[key] = statistics.mean(base["fathom"][key]) / statistics.mean(base["fedavg"][key])
-    return {
+    rep = {
         "benchmark": "B2",
         "quick": bench.args.quick,
         "seeds": seeds,
@@ -207,8 +208,10 @@ def report(bench: Bench, starts: list[Start], seeds: list[int], grid: list[dict]
         "federation": bench.args.federation,
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
-        "runs": {f"{label}|{method}": results for (label, method), results in runs.items()},
+        # the runs themselves (curves, trajectories) are in the run log; the report names them
+        "runs": {f"{label}|{method}": [bench.log.key(r) for r in results] for (label, method), results in runs.items()},
     }
+    return rep, {f"{label}|{method}": results for (label, method), results in runs.items()}
 
 
 def markdown(rep: dict) -> str:
@@ -240,7 +243,7 @@ def markdown(rep: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rep: dict, path: Path) -> None:
+def plot(rep: dict, runs: dict[str, list[dict]], path: Path) -> None:
     """Accuracy and FATHOM's lr, epochs and batch size per round, one line per run."""
     import matplotlib
 
@@ -249,7 +252,7 @@ def plot(rep: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 4, figsize=(18, 4))
     colours = {"baseline": "tab:blue", "bad lr": "tab:orange", "bad batch": "tab:green"}
-    for key, results in rep["runs"].items():
+    for key, results in runs.items():
         label, method = key.split("|")
         style = "-" if method == "fathom" else ":"
         for i, r in enumerate(results):
@@ -286,7 +289,8 @@ def main() -> None:
         raise SystemExit(f"B2 needs LEAF FEMNIST (train/ and test/ json) under {args.data_dir} (see --data-dir)")
     if args.quick:
         args.seeds, args.rounds = args.seeds[:1], 30
-        args.out = args.out.with_name("fathom_vs_fedavg_quick.json")
+        args.out = QUICK_RESULTS / args.out.name
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as results_dir:
         sim = None if args.report_only else LocalSimulation(app_dir=REPO)
         try:
@@ -296,13 +300,13 @@ def main() -> None:
             else:
                 baseline, grid = tune(bench, args.seeds[0])
             starts = [baseline, Start("bad lr", BAD_LR, baseline.batch), Start("bad batch", baseline.lr, BAD_BATCH)]
-            rep = report(bench, starts, args.seeds, grid)
+            rep, runs = report(bench, starts, args.seeds, grid)
         finally:
             if sim is not None:
                 sim.close()
     args.out.write_text(json.dumps(rep, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(rep))
-    plot(rep, args.out.with_name(args.out.stem.replace("fathom_vs_fedavg", "fathom_trajectories") + ".png"))
+    plot(rep, runs, args.out.with_name(args.out.stem.replace("fathom_vs_fedavg", "fathom_trajectories") + ".png"))
     print(markdown(rep))
 
 

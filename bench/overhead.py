@@ -35,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import REPO, SHARED_DATA, machine
+from common import QUICK_RESULTS, REPO, SHARED_DATA, machine
 
 RESULTS = REPO / "bench" / "results"
 IMAGES_PER_CLASS, USERS, BETA, ALPHA = 34, 50, 0.1, 0.001
@@ -264,9 +264,9 @@ def main() -> None:
             break
     payload = {"benchmark": "B4", "machine": machine(), "cpus": os.cpu_count(), "warmup": args.warmup,
                "rounds": args.rounds, "repeats": args.repeats, "rows": rows, "floor": floors}  # fmt: skip
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "overhead_quick" if args.quick else "overhead"
-    (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    results = QUICK_RESULTS if args.quick else RESULTS  # quick runs are scratch: an ignored folder
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "overhead.json").write_text(json.dumps(payload, indent=2) + "\n")
     lines = ["| case | Ray actors | Flower s/round (median [q1, q3]) | plain s/round | ratio | Flower start-up s | "
              "plain start-up s | Flower peak PSS / RSS MiB | plain peak RSS MiB |",
              "|---|---|---|---|---:|---:|---:|---|---:|"]  # fmt: skip
@@ -281,7 +281,7 @@ def main() -> None:
     for actor, floor in floors.items():
         f = floor["round-seconds"]
         lines.append(f"| {actor} | {f['median']:.3f} [{f['q1']:.3f}, {f['q3']:.3f}] |")
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    (results / "overhead.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from app.config import parse_settings  # noqa: E402
 from app.launcher import LocalSimulation  # noqa: E402
-from bench.common import interval  # noqa: E402
+from bench.common import QUICK_RESULTS, interval  # noqa: E402
 from clients.meta import meta_gradient  # noqa: E402
 from clients.models import build_model  # noqa: E402
 from clients.perfedavg import PerFedAvgClient  # noqa: E402
@@ -76,6 +76,7 @@ class Row:
 # batches larger than a client's data, so that row runs every method with d = d' = d'' = 34.
 ROWS = (Row(10, 0.001), Row(4, 0.001), Row(10, 0.01), Row(4, 0.01), Row(4, 0.05), Row(4, 0.05, "diff-hetero", 34))
 QUICK_ROWS = (Row(10, 0.001), Row(4, 0.05))
+COST_KEYS = ("seconds-per-round", "grad-evals-per-round", "hvp-evals-per-round")
 
 
 def run_config(
@@ -222,7 +223,7 @@ def markdown(report: dict) -> str:
     ]
     for row in report["rows"]:
         cells = [f"{100 * c['mean']:.2f} ± {100 * c['ci95']:.2f}" for c in row["methods"].values()]
-        seeds = min(len(c["runs"]) for c in row["methods"].values())
+        seeds = min(len(c["accuracy"]) for c in row["methods"].values())
         cells[-1] += f" | {seeds}"
         lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
     lines += [
@@ -236,9 +237,7 @@ def markdown(report: dict) -> str:
     for row in report["rows"]:
         cells = []
         for c in row["methods"].values():
-            seconds = statistics.median(x["seconds-per-round"] for x in c["runs"])
-            grads = statistics.median(x["grad-evals-per-round"] for x in c["runs"])
-            hvps = statistics.median(x["hvp-evals-per-round"] for x in c["runs"])
+            seconds, grads, hvps = (c[k] for k in COST_KEYS)
             cells.append(f"{seconds:.2f} s, {grads:.0f}" + (f" + {hvps:.0f}" if hvps else ""))
         lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
     lines.append("")
@@ -296,8 +295,11 @@ def main() -> None:
         return
     rows, seeds = (QUICK_ROWS, args.seeds[:1]) if args.quick else (ROWS, args.seeds)
     if args.quick:
-        args.out = args.out.with_name("perfedavg_table1_quick.json")
-    step_cost = step_costs()
+        args.out = QUICK_RESULTS / args.out.name
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+    # rebuilding the tables from the run log keeps what was measured with the runs: step costs, machine, date
+    previous = json.loads(args.out.read_text()) if args.report_only and args.out.exists() else {}
+    step_cost = previous.get("step-cost") or step_costs()
     print(f"step cost: {step_cost}", flush=True)
     log_path = args.out.with_name(args.out.stem + "_runs.jsonl")
     recorded = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
@@ -348,8 +350,12 @@ def main() -> None:
         if any((r, label) not in runs for label, _, _ in METHODS):
             continue  # not run yet (--report-only on a partial log)
         for label, _, _ in METHODS:
-            mean, half = interval([x["accuracy"] for x in runs[(r, label)]])
-            methods[label] = {"mean": mean, "ci95": half, "runs": runs[(r, label)]}
+            done = runs[(r, label)]
+            mean, half = interval([x["accuracy"] for x in done])
+            # the runs themselves (curves, costs) are in the run log; the report keeps the figures
+            costs = {k: statistics.median(x[k] for x in done) for k in COST_KEYS}
+            methods[label] = {"mean": mean, "ci95": half, "seeds": [x["seed"] for x in done],
+                              "accuracy": [x["accuracy"] for x in done], **costs}  # fmt: skip
         report_rows.append(
             {"label": row.label, "tau": row.tau, "alpha": row.alpha, "split": row.variant, "methods": methods}
         )
@@ -358,10 +364,7 @@ def main() -> None:
         every = [x for r in range(len(rows)) for x in runs.get((r, label), [])]
         if not every:
             continue
-        cost[label] = {
-            k: statistics.median(x[k] for x in every)
-            for k in ("seconds-per-round", "grad-evals-per-round", "hvp-evals-per-round")
-        }
+        cost[label] = {k: statistics.median(x[k] for x in every) for k in COST_KEYS}
     report = {
         "benchmark": "B1",
         "quick": args.quick,
@@ -372,12 +375,13 @@ def main() -> None:
         "images-per-class": IMAGES_PER_CLASS,
         "batch": BATCH,
         "federation": args.federation,
-        "machine": f"{platform.machine()}, python {platform.python_version()}, torch {torch.__version__}",
-        "date": time.strftime("%Y-%m-%d"),
+        "machine": previous.get("machine", f"{platform.machine()}, python {platform.python_version()}, "
+                                           f"torch {torch.__version__}"),
+        "date": previous.get("date", time.strftime("%Y-%m-%d")),
         "step-cost": step_cost,
         "rows": report_rows,
         "cost": cost,
-        "total-seconds": time.perf_counter() - started,
+        "total-seconds": previous.get("total-seconds", time.perf_counter() - started),
     }
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(markdown(report))
