@@ -37,6 +37,7 @@ from pathlib import Path
 
 from common import QUICK_RESULTS, REPO, SHARED_DATA, machine
 
+sys.path.insert(0, str(REPO))  # the plain loop runs this checkout's code, not an installed copy of stamen
 RESULTS = REPO / "bench" / "results"
 IMAGES_PER_CLASS, USERS, BETA, ALPHA = 34, 50, 0.1, 0.001
 CASES = {  # name -> (strategy, fraction-fit)
