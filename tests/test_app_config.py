@@ -60,6 +60,13 @@ def test_a_key_declared_twice_or_without_its_prefix_is_refused():
         Contract(name="other", summary="", settings=Clash, uses=())
 
 
+def test_every_method_has_a_row_in_the_readme_and_a_page_in_the_docs():
+    readme = (REPO / "README.md").read_text()
+    for name in METHODS:
+        assert f"\n| `{name}` | " in readme, f"README's table of methods lacks {name}"
+        assert (REPO / "docs" / "methods" / f"{name}.md").is_file(), f"docs/methods/{name}.md is missing"
+
+
 def test_strategy_and_client_of_every_method_share_its_contract_and_its_example_parses():
     for name, method in METHODS.items():
         assert method.strategy.contract is method.client.contract is CONTRACTS[name]
