@@ -7,8 +7,8 @@ parameters with what the steps cost. What a step is can change in three places:
 - ``direction``: the default is the gradient of the task loss (SGD); Per-FedAvg
   passes its meta-gradient, whose batch is the triple (D, D', D'').
 - ``extra_loss``: a term added to the loss before differentiating, as a function
-  of the parameters (FedProx's proximal term, Ditto's regulariser); the training
-  loss reported stays the task's.
+  of the parameters (:func:`proximal_term` is FedProx's proximal term and Ditto's
+  regulariser); the training loss reported stays the task's.
 - ``on_step``: called after every step with that step (FATHOM's ``phi`` watches
   the gradients go by).
 
@@ -66,6 +66,21 @@ def gradient(
     loss = loss_fn(leaves, batch)
     total = loss if extra_loss is None else loss + extra_loss(leaves)
     return torch.autograd.grad(total, leaves), loss.detach()
+
+
+def proximal_term(anchor: Params, weight: float) -> ExtraLoss:
+    """``weight / 2 * ||w - anchor||^2`` as a function of the parameters ``w``: an ``extra_loss``.
+
+    Its gradient is ``weight * (w - anchor)``: FedProx's proximal term (anchor: the global
+    model received, weight: mu) and Ditto's regulariser (anchor: the global model, weight:
+    lambda). ``anchor`` is detached, so no gradient flows into it.
+    """
+    fixed = tuple(a.detach() for a in anchor)
+
+    def term(params: Params) -> Tensor:
+        return 0.5 * weight * sum(((p - a) ** 2).sum() for p, a in zip(params, fixed, strict=True))
+
+    return term
 
 
 def axpy(params: Params, direction: Iterable[Tensor], scale: float) -> Params:

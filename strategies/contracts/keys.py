@@ -143,8 +143,11 @@ def _number(value: float | int) -> str:
 
 
 def key_name(prefix: str, field_name: str) -> str:
-    """The run-config key of a field (``mu`` of ``fedprox`` is ``fedprox-mu``; ``local_steps`` is ``local-steps``)."""
-    name = field_name.replace("_", "-")
+    """The run-config key of a field (``mu`` of ``fedprox`` is ``fedprox-mu``; ``local_steps`` is ``local-steps``).
+
+    A trailing underscore is dropped, for fields named like a Python keyword (``lambda_``).
+    """
+    name = field_name.rstrip("_").replace("_", "-")
     return f"{prefix}-{name}" if prefix else name
 
 
