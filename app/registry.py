@@ -8,12 +8,14 @@ from clients.base import TorchClient
 from clients.diffusion import DiffusionClient
 from clients.fathom import FathomClient
 from clients.fedavg import FedAvgClient
+from clients.fedprox import FedProxClient
 from clients.perfedavg import PerFedAvgClient
 from strategies.base import FederatedStrategy
 from strategies.contracts.contract import Contract
 from strategies.diffusion import Diffusion
 from strategies.fathom import Fathom
 from strategies.fedavg import FedAvg
+from strategies.fedprox import FedProx
 from strategies.perfedavg import PerFedAvg
 
 
@@ -49,5 +51,6 @@ METHODS = by_name(
     Method(PerFedAvg, PerFedAvgClient),
     Method(Fathom, FathomClient),
     Method(Diffusion, DiffusionClient),
+    Method(FedProx, FedProxClient),
 )
 CONTRACTS = {name: method.contract for name, method in METHODS.items()}
