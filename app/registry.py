@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from clients.base import TorchClient
 from clients.diffusion import DiffusionClient
+from clients.ditto import DittoClient
 from clients.fathom import FathomClient
 from clients.fedavg import FedAvgClient
 from clients.fedprox import FedProxClient
@@ -13,6 +14,7 @@ from clients.perfedavg import PerFedAvgClient
 from strategies.base import FederatedStrategy
 from strategies.contracts.contract import Contract
 from strategies.diffusion import Diffusion
+from strategies.ditto import Ditto
 from strategies.fathom import Fathom
 from strategies.fedavg import FedAvg
 from strategies.fedprox import FedProx
@@ -52,5 +54,6 @@ METHODS = by_name(
     Method(Fathom, FathomClient),
     Method(Diffusion, DiffusionClient),
     Method(FedProx, FedProxClient),
+    Method(Ditto, DittoClient),
 )
 CONTRACTS = {name: method.contract for name, method in METHODS.items()}

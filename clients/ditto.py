@@ -1,0 +1,67 @@
+"""The Ditto client: FedAvg's local update for the server, and a personal model kept in ``Context.state``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from clients.base import TorchClient
+from clients.training import TrainReport, accuracy_and_loss, proximal_term
+from strategies.contracts.common import (
+    ACCURACY,
+    GLOBAL_ACCURACY,
+    GLOBAL_LOSS,
+    GRAD_EVALS,
+    PARTITION_ID,
+    TrainingSettings,
+)
+from strategies.contracts.ditto import CONTRACT, PERSONAL_LOSS, PERSONAL_ROUNDS, DittoSettings
+
+PERSONAL = "personal-model"
+
+
+class DittoClient(TorchClient):
+    """Ditto's client work (Algorithm 1): two updates from the global model ``w^t`` it receives.
+
+    1. The global update: FedAvg's local SGD from ``w^t``; its result ``w_k`` is what the
+       client returns for aggregation.
+    2. The personal update: ``ditto-personal-steps`` steps of size ``ditto-personal-lr``,
+       ``v <- v - eta (grad F_k(v; batch) + lambda (v - w^t))``, from the personal model
+       ``v_k`` kept in ``Context.state`` (the first global model received, the first time).
+
+    Evaluation tests ``v_k`` as it is (``accuracy``) and ``w^t`` (``global-accuracy``); a
+    client never sampled has no ``v_k`` yet and tests ``w^t`` for both.
+    """
+
+    contract = CONTRACT
+
+    def local_train(self, training: TrainingSettings, method: DittoSettings, rng: np.random.Generator) -> TrainReport:
+        received = self.get_parameters({})  # w^t
+        anchor = tuple(p.detach().clone() for p in self.model.parameters())
+        shared = self.local_sgd(training, rng)
+        returned = self.get_parameters({})  # w_k, for the server
+        self.set_parameters(self.state.arrays(PERSONAL) or received)
+        personal_rng = rng.spawn(1)[0]  # the personal model's batches: a stream of their own
+        personal = self.local_sgd(training, personal_rng, lr=method.personal_lr, steps=method.personal_steps,
+                                  extra_loss=proximal_term(anchor, method.lambda_))  # fmt: skip
+        rounds = int(self.state.value(PERSONAL_ROUNDS, 0)) + 1
+        self.state.set_arrays(PERSONAL, self.get_parameters({}))
+        self.state.set_value(PERSONAL_ROUNDS, rounds)
+        self.set_parameters(returned)
+        return TrainReport(
+            shared.mean_loss, shared.steps + personal.steps, shared.grad_evals + personal.grad_evals,
+            shared.sample_grads + personal.sample_grads,
+            extra={PERSONAL_LOSS: personal.mean_loss, PERSONAL_ROUNDS: rounds},
+        )  # fmt: skip
+
+    def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
+        """The personal model ``v_k`` on this client's test split, beside the global model ``w^t``."""
+        self.set_parameters(parameters)
+        global_accuracy, global_loss = accuracy_and_loss(self.model, self.test_x, self.test_y)
+        personal = self.state.arrays(PERSONAL)
+        if personal is not None:
+            self.set_parameters(personal)
+        accuracy, loss = accuracy_and_loss(self.model, self.test_x, self.test_y)
+        metrics = {GLOBAL_LOSS: global_loss, GRAD_EVALS: 0, PARTITION_ID: self.partition_id}
+        if not self.test_y.is_floating_point():
+            metrics |= {ACCURACY: accuracy, GLOBAL_ACCURACY: global_accuracy}
+        return loss, len(self.test_y), metrics
