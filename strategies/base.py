@@ -190,11 +190,11 @@ class FederatedStrategy(Strategy):
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
+        config = self.fit_config(server_round)  # the values in force, which the record keeps
         self.record = {"round": server_round, "strategy": self.name, "_start": time.perf_counter()}
-        self.record.update({f"hp-{k}": v for k, v in self.hyperparameters().items()})
+        self.record.update({f"hp-{k}": v for k, v in config.items() if k != "server-round"})
         nodes = self.nodes.connected(client_manager)
         chosen = self.sample_fit(server_round, sorted(nodes))
-        config = self.fit_config(server_round)
         self.record.update({"clients-sampled": len(chosen), "fit-partitions": chosen})
         return [(nodes[p], FitIns(self.parameters_for(p), config)) for p in chosen]
 

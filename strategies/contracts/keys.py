@@ -183,17 +183,20 @@ class KeyedSettings:
         return {spec.name: getattr(self, spec.field) for spec in self.key_specs()}
 
     @classmethod
-    def from_config(cls: type[_S], config: Mapping[str, object], *, lenient: bool = False, **fixed: object) -> _S:
-        """The settings named in ``config`` (other keys are ignored; missing keys take their defaults)."""
-        values = {spec.field: spec.coerce(config[spec.name], lenient=lenient)
-                  for spec in cls.key_specs() if spec.name in config}  # fmt: skip
-        return cls(**values, **fixed)
+    def from_config(cls: type[_S], config: Mapping[str, object]) -> _S:
+        """The settings a run config names, strictly typed (other keys are ignored; missing ones take defaults)."""
+        return cls(**_field_values(cls, config, lenient=False))
 
     def updated(self: _S, config: Mapping[str, object]) -> _S:
-        """A copy with the values of the keys ``config`` holds (a fit or evaluate config; others ignored)."""
-        changes = {spec.field: spec.coerce(config[spec.name], lenient=True)
-                   for spec in self.key_specs() if spec.name in config}  # fmt: skip
+        """A copy with the values of the keys a fit or evaluate config holds (a real for an int key is rounded)."""
+        changes = _field_values(type(self), config, lenient=True)
         return dataclasses.replace(self, **changes) if changes else self
+
+
+def _field_values(cls: type[KeyedSettings], config: Mapping[str, object], *, lenient: bool) -> dict[str, object]:
+    """``{field: value}`` for the keys of ``cls`` that ``config`` holds, coerced to their types."""
+    return {spec.field: spec.coerce(config[spec.name], lenient=lenient)
+            for spec in cls.key_specs() if spec.name in config}  # fmt: skip
 
 
 @cache
