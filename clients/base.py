@@ -15,6 +15,7 @@ from torch import nn
 from clients.state import ClientState
 from clients.training import (
     ExtraLoss,
+    PersonalisedResult,
     Step,
     TrainReport,
     batch_indices,
@@ -189,6 +190,10 @@ class TorchClient(NumPyClient):
             self.model, (self.train_x, self.train_y), (self.test_x, self.test_y), adapt_steps=training.adapt_steps,
             adapt_lr=training.adapt_lr, adapt_batch_size=training.adapt_batch_size, rng=rng,
         )  # fmt: skip
+        return self.evaluation_reply(result)
+
+    def evaluation_reply(self, result: PersonalisedResult) -> tuple[float, int, dict]:
+        """``evaluate``'s reply: the personalised loss, the test examples and the shared evaluation metrics."""
         metrics = {GLOBAL_LOSS: result.global_loss, GRAD_EVALS: result.grad_evals, PARTITION_ID: self.partition_id}
         if not self.test_y.is_floating_point():  # classifiers; least squares has losses only
             metrics |= {ACCURACY: result.accuracy, GLOBAL_ACCURACY: result.global_accuracy}

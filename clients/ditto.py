@@ -5,15 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from clients.base import TorchClient
-from clients.training import TrainReport, accuracy_and_loss, proximal_term
-from strategies.contracts.common import (
-    ACCURACY,
-    GLOBAL_ACCURACY,
-    GLOBAL_LOSS,
-    GRAD_EVALS,
-    PARTITION_ID,
-    TrainingSettings,
-)
+from clients.training import PersonalisedResult, TrainReport, accuracy_and_loss, proximal_term
+from strategies.contracts.common import TrainingSettings
 from strategies.contracts.ditto import CONTRACT, PERSONAL_LOSS, PERSONAL_ROUNDS, DittoSettings
 
 PERSONAL = "personal-model"
@@ -57,11 +50,9 @@ class DittoClient(TorchClient):
         """The personal model ``v_k`` on this client's test split, beside the global model ``w^t``."""
         self.set_parameters(parameters)
         global_accuracy, global_loss = accuracy_and_loss(self.model, self.test_x, self.test_y)
+        accuracy, loss = global_accuracy, global_loss  # a client never sampled has no v_k: it tests w^t
         personal = self.state.arrays(PERSONAL)
         if personal is not None:
             self.set_parameters(personal)
-        accuracy, loss = accuracy_and_loss(self.model, self.test_x, self.test_y)
-        metrics = {GLOBAL_LOSS: global_loss, GRAD_EVALS: 0, PARTITION_ID: self.partition_id}
-        if not self.test_y.is_floating_point():
-            metrics |= {ACCURACY: accuracy, GLOBAL_ACCURACY: global_accuracy}
-        return loss, len(self.test_y), metrics
+            accuracy, loss = accuracy_and_loss(self.model, self.test_x, self.test_y)
+        return self.evaluation_reply(PersonalisedResult(accuracy, loss, global_accuracy, global_loss, grad_evals=0))
