@@ -16,6 +16,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,10 +83,14 @@ class LocalSimulation:
     workdir
         Working directory of the SuperLink (Ray puts it first on workers' ``sys.path``);
         a fresh temporary folder by default.
+    pythonpath
+        Folders put on ``PYTHONPATH`` of the SuperLink and every process it starts. An app
+        that imports stamen's folders by their short names (the test apps in ``tests/``)
+        needs the clone here: installing stamen provides only ``stamen.*``.
 
     """
 
-    def __init__(self, *, app_dir: Path, workdir: Path | None = None) -> None:
+    def __init__(self, *, app_dir: Path, workdir: Path | None = None, pythonpath: Sequence[Path] = ()) -> None:
         self.app_dir = Path(app_dir).resolve()
         self._tmp = tempfile.TemporaryDirectory(prefix="stamen-flwr-")
         self.home = Path(self._tmp.name) / "flwr-home"
@@ -101,6 +106,9 @@ class LocalSimulation:
             "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.http_port),
             "FLWR_LOCAL_CONTROL_API_PORT": str(self.control_port),
         }
+        if pythonpath:
+            inherited = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+            self.env["PYTHONPATH"] = os.pathsep.join([*(str(Path(p).resolve()) for p in pythonpath), *inherited])
 
     def __enter__(self) -> LocalSimulation:
         return self

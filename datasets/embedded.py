@@ -26,7 +26,7 @@ SPLIT_SEED = 2024  # fixed forever: the pools must not change with the run's see
 
 def load_mnist_5k() -> ArraySource:
     """Load the embedded images and split them into stratified train/test pools."""
-    document = json.loads(resources.files("datasets").joinpath("data", EMBEDDED_FILE).read_text())
+    document = json.loads(resources.files(__package__).joinpath("data", EMBEDDED_FILE).read_text())
     payload = base64.b64decode(document["npz"])
     if hashlib.sha256(payload).hexdigest() != document["sha256"]:
         raise ValueError(f"the embedded {EMBEDDED_FILE} is corrupt (checksum mismatch)")

@@ -20,7 +20,7 @@ CLIENTS = 4
 
 def test_nan_and_crashing_clients_cannot_corrupt_or_stop_the_run(tmp_path):
     config = {"results-dir": str(tmp_path), "run-name": "faults"}
-    with LocalSimulation(app_dir=REPO / "tests" / "fault_app") as sim:
+    with LocalSimulation(app_dir=REPO / "tests" / "fault_app", pythonpath=[REPO]) as sim:
         outcome = sim.run(run_config=config, num_supernodes=CLIENTS, timeout_s=300)
     assert outcome.ok, outcome.log_tail
     assert "rejected fit reply" in outcome.log and "non-finite" in outcome.log

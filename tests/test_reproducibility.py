@@ -40,7 +40,7 @@ def runs(tmp_path_factory):
         outcomes.append(sim.run(run_config=cut, num_supernodes=CLIENTS, timeout_s=300))
         resumed = {**common, "resume-from": str(results / "cut")}
         outcomes.append(sim.run(run_config=resumed, num_supernodes=CLIENTS, timeout_s=300))
-    with LocalSimulation(app_dir=REPO / "tests" / "state_app") as sim:
+    with LocalSimulation(app_dir=REPO / "tests" / "state_app", pythonpath=[REPO]) as sim:
         kept = sim.run(run_config={"results-dir": str(results), "run-name": "state"}, num_supernodes=4, timeout_s=300)
     return outcomes, kept, results
 

@@ -1,0 +1,152 @@
+"""Installing stamen writes one top-level package, ``stamen``, and breaks no one else's.
+
+The wheel is built by ``hatch_build.py``, which copies ``app``, ``strategies``, ``clients``
+and ``datasets`` under ``stamen/`` and rewrites their imports (docs/installing.md).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from app.launcher import LocalSimulation
+from hatch_build import PACKAGES, rewrite_imports
+
+
+def test_rewrite_moves_every_absolute_import_of_the_packages_under_stamen():
+    source = textwrap.dedent(
+        """\
+        from __future__ import annotations
+        import json
+        from datasets.base import ArraySource
+        from strategies.contracts.keys import (
+            KeySpec,
+            key,
+        )
+        if True:
+            from clients.training import train_steps  # inside a block
+        from app import registry
+        from datasets_extra import thing
+        from .sibling import helper
+        text = "from strategies.base import X"  # a string is not an import
+        """
+    )
+    expected = textwrap.dedent(
+        """\
+        from __future__ import annotations
+        import json
+        from stamen.datasets.base import ArraySource
+        from stamen.strategies.contracts.keys import (
+            KeySpec,
+            key,
+        )
+        if True:
+            from stamen.clients.training import train_steps  # inside a block
+        from stamen.app import registry
+        from datasets_extra import thing
+        from .sibling import helper
+        text = "from strategies.base import X"  # a string is not an import
+        """
+    )
+    assert rewrite_imports(source) == expected
+
+
+def test_rewrite_refuses_a_plain_import_of_a_package_naming_the_file():
+    with pytest.raises(ValueError, match=r"clients/x\.py:2: write `from strategies\.base import"):
+        rewrite_imports("import json\nimport strategies.base\n", filename="clients/x.py")
+
+
+def _build_wheel(directory: Path) -> Path:
+    # --no-build-isolation: hatchling comes from the test extras, so this needs no package index
+    command = [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q"]
+    subprocess.run([*command, "-w", str(directory)], check=True, capture_output=True, text=True)
+    (wheel,) = directory.glob("stamen-*.whl")
+    return wheel
+
+
+def test_the_wheel_holds_only_stamen_and_every_file_of_the_four_packages(tmp_path):
+    wheel = _build_wheel(tmp_path)
+    names = zipfile.ZipFile(wheel).namelist()
+    roots = {name.split("/")[0] for name in names}
+    assert roots == {"stamen", "stamen-0.1.0.dist-info"}, roots
+    shipped = {name.removeprefix("stamen/") for name in names if name.startswith("stamen/")}
+    in_clone = {
+        path.relative_to(REPO).as_posix()
+        for package in PACKAGES
+        for path in (REPO / package).rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+    assert in_clone <= shipped and shipped - in_clone == {"__init__.py"}
+
+
+def test_the_installed_copy_imports_and_loads_its_data_without_any_short_name(tmp_path):
+    wheel = _build_wheel(tmp_path / "wheel")
+    installed = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(installed)
+    probe = textwrap.dedent(
+        """\
+        import sys
+        import stamen.app.server_app, stamen.app.client_app
+        from stamen.strategies.perfedavg import PerFedAvg
+        from stamen.clients.perfedavg import PerFedAvgClient
+        from stamen.datasets.embedded import load_mnist_5k
+        assert len(load_mnist_5k().train_y) > 0
+        short = sorted(m for m in sys.modules if m.split(".")[0] in ("app", "strategies", "clients", "datasets"))
+        assert not short, short
+        print("ok")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(installed)}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def _venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+@pytest.mark.e2e
+def test_flwr_datasets_survives_installing_stamen_and_the_quick_start_job_finishes(tmp_path, monkeypatch):
+    """The issue's reproduction: flwr-datasets first, then stamen as the README installs it."""
+    venv = tmp_path / "venv"
+    # System site-packages lend torch, flwr and ray (the registry's torch is capped and on disk);
+    # flwr-datasets, HuggingFace datasets and stamen itself are installed into the venv.
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    python = str(_venv_python(venv))
+    pip = [python, "-m", "pip", "--disable-pip-version-check", "-q"]
+    probe = subprocess.run([*pip, "download", "--no-deps", "-d", str(tmp_path / "probe"), "flwr-datasets"],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    if probe.returncode != 0:
+        pytest.skip(f"the package index cannot be reached to fetch flwr-datasets: {probe.stderr.strip()[-300:]}")
+    subprocess.run([*pip, "install", "flwr-datasets[vision]"], check=True, capture_output=True, timeout=900)
+    subprocess.run([*pip, "install", str(REPO)], check=True, capture_output=True, timeout=600)  # README: pip install .
+
+    files = subprocess.run(
+        [python, "-m", "pip", "show", "-f", "stamen"], check=True, capture_output=True, text=True
+    ).stdout
+    listed = [line.strip() for line in files.split("Files:")[1].splitlines() if line.strip()]
+    assert {line.split("/")[0] for line in listed} == {"stamen", "stamen-0.1.0.dist-info"}, listed
+    check = (
+        "import flwr_datasets, datasets; from flwr_datasets import FederatedDataset; "
+        "from stamen.strategies.perfedavg import PerFedAvg; "
+        "assert 'site-packages' in datasets.__file__ and hasattr(datasets, 'Dataset'), datasets.__file__; print('ok')"
+    )
+    out = subprocess.run([python, "-c", check], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+    # README quick start 1, with the venv's flwr: the job runs from the clone and finishes.
+    monkeypatch.setenv("PATH", f"{_venv_python(venv).parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("VIRTUAL_ENV", str(venv))
+    with LocalSimulation(app_dir=REPO) as sim:
+        outcome = sim.run(
+            run_config={}, num_supernodes=50, extra_federation="client-resources-num-cpus=1", timeout_s=900
+        )
+    assert outcome.ok, outcome.log_tail
+    assert "final: perfedavg: 100 rounds" in outcome.log
