@@ -14,6 +14,8 @@ from pathlib import Path
 
 from app.registry import CONTRACTS
 from strategies.contracts.common import (
+    DATA_KEY_SCOPES,
+    LOCAL_TRAINING_KEYS,
     SHARED_GROUPS,
     DataSettings,
     ExecutionSettings,
@@ -24,7 +26,7 @@ from strategies.contracts.common import (
 from strategies.contracts.contract import Contract
 from strategies.contracts.keys import ConfigError, KeyedSettings, KeySpec
 
-__all__ = ["ConfigError", "Settings", "check_on_server", "key_specs", "parse_settings"]
+__all__ = ["ConfigError", "Settings", "check_on_server", "ignored_keys", "key_specs", "parse_settings"]
 
 
 def key_specs(contracts: Mapping[str, Contract] = CONTRACTS) -> dict[str, tuple[type[KeyedSettings], KeySpec]]:
@@ -74,7 +76,8 @@ def parse_settings(run_config: Mapping[str, object], contracts: Mapping[str, Con
                  for k in unknown}  # fmt: skip
         shown = "; ".join(f"{k!r} (did you mean {' or '.join(map(repr, h))}?)" if h else repr(k)
                           for k, h in hints.items())  # fmt: skip
-        raise ConfigError(f"unknown run config key(s) {shown}; known keys: {sorted(known)}")
+        listing = "" if all(hints.values()) else f"; known keys: {sorted(known)}"
+        raise ConfigError(f"unknown run config key(s) {shown}{listing} (every key: docs/configuration.md)")
     run = RunSettings.from_config(run_config)
     if run.strategy not in contracts:
         raise ConfigError(f"run config key 'strategy': {run.strategy!r} is not allowed; choose one of "
@@ -95,3 +98,76 @@ def check_on_server(settings: Settings) -> None:
     resume_from = settings.execution.resume_from
     if resume_from and not Path(resume_from).expanduser().exists():
         raise ConfigError(f"run config key 'resume-from': {resume_from!r} does not exist")
+
+
+def ignored_keys(
+    run_config: Mapping[str, object], settings: Settings, contracts: Mapping[str, Contract] = CONTRACTS
+) -> dict[str, str]:
+    """The keys set away from their defaults that this run never reads, each with the reason.
+
+    Flower's run config holds every key of ``pyproject.toml``, so a key counts only when
+    its value differs from the declared default: another method's key, a local-training
+    key the chosen method does not use (its contract's ``uses``), or a data key for
+    another dataset or partitioner.
+    """
+    known = key_specs(contracts)
+    strategy = settings.run.strategy
+    contract = contracts[strategy]
+    values = {**settings.data.values(), "strategy": strategy}
+    ignored: dict[str, str] = {}
+    for name, value in run_config.items():
+        if name not in known or value == known[name][1].default:
+            continue
+        group = known[name][0]
+        if group.prefix and group.prefix != strategy:
+            ignored[name] = f"a {group.prefix} key; strategy is {strategy!r}"
+        elif name in LOCAL_TRAINING_KEYS and name not in contract.uses:
+            ignored[name] = f"{strategy} reads {', '.join(contract.uses)} of the local-training keys"
+        elif name in DATA_KEY_SCOPES:
+            owner, applies_to = DATA_KEY_SCOPES[name]
+            if values[owner] not in applies_to:
+                ignored[name] = f"only for {owner} {' or '.join(applies_to)}; {owner} is {values[owner]!r}"
+    return ignored
+
+
+def ignored_keys_line(ignored: Mapping[str, str]) -> str:
+    """One warning line for :func:`ignored_keys`."""
+    shown = "; ".join(f"{name!r} ({why})" for name, why in ignored.items())
+    return f"run config key(s) set but unused by this run, so they change nothing: {shown}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m app.config "lr=0.1 strategy='fedavg'"``: check a ``--run-config`` string before submitting it.
+
+    ``flwr run`` refuses a key it does not know with ``[code: 15] Invalid run
+    configuration`` and names the key only in the SuperLink's log; this prints
+    stamen's own message (with a suggestion for a misspelt key), the warnings a run
+    would log, and exits 1 when the run would be refused.
+    """
+    import argparse
+
+    from flwr.common.config import parse_config_args
+
+    parser = argparse.ArgumentParser(prog="python -m app.config", description=main.__doc__.splitlines()[0])
+    parser.add_argument("run_config", nargs="*", help="the --run-config string(s), in flwr run's syntax")
+    args = parser.parse_args(argv)
+    try:
+        run_config = parse_config_args(args.run_config)
+    except Exception as err:  # Flower's own parser: TOML syntax
+        print(f"error: the run config is not in flwr run's `key=value ...` syntax: {err}")
+        return 1
+    try:
+        settings = parse_settings(run_config)
+        check_on_server(settings)
+    except ConfigError as err:
+        print(f"error: {err}")
+        return 1
+    ignored = ignored_keys(run_config, settings)
+    if ignored:
+        print(f"warning: {ignored_keys_line(ignored)}")
+    print(f"ok: strategy {settings.run.strategy!r} on {settings.data.dataset!r} accepts this run config")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -93,6 +93,17 @@ class ResultWriter:
                                                              state=_jsonable(state)))  # fmt: skip
         log(INFO, "checkpoint after round %d: %s", checkpoint.round, self.run_dir / FILE_NAME)
 
+    def save_text(self, name: str, text: str) -> str:
+        path = self.run_dir / name
+        path.write_text(text)
+        return str(path)
+
+    def fail(self, summary: dict) -> None:
+        """``summary.json`` with ``status`` ``failed`` and the reason, so a failed run is told from a running one."""
+        payload = {"settings": self.settings, **summary, "results-dir": str(self.run_dir)}
+        (self.run_dir / "summary.json").write_text(json.dumps(_jsonable(payload), indent=2) + "\n")
+        log(INFO, "stamen wrote %s (status failed)", self.run_dir / "summary.json")
+
     def finish(self, summary: dict) -> None:
         payload = {"settings": self.settings, **summary, "results-dir": str(self.run_dir)}
         (self.run_dir / "summary.json").write_text(json.dumps(_jsonable(payload), indent=2) + "\n")

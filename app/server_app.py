@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from logging import INFO
+from logging import INFO, WARNING
 
 import numpy as np
 import torch
@@ -12,7 +12,7 @@ from flwr.common.logger import log
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
 
-from app.config import ConfigError, Settings, check_on_server, parse_settings
+from app.config import ConfigError, Settings, check_on_server, ignored_keys, ignored_keys_line, parse_settings
 from app.registry import METHODS
 from app.results import ResultWriter, run_directory
 from clients.base import torch_device
@@ -92,8 +92,15 @@ def checkpoint_to_resume(settings: Settings) -> Checkpoint:
 def server_fn(context: Context) -> ServerAppComponents:
     """Build the strategy named by ``strategy`` with a result writer as its recorder."""
     settings = parse_settings(context.run_config)
+    ignored = ignored_keys(context.run_config, settings)
+    if ignored:
+        log(WARNING, ignored_keys_line(ignored))
     check_on_server(settings)
     checkpoint = checkpoint_to_resume(settings) if settings.execution.resume_from else None
+    # everything that can fail on the server runs before the results folder exists, so a folder is
+    # only made for a run that reaches its clients (and then ends with a summary.json either way)
+    parameters = initial_parameters(settings)
+    central_evaluation = central_evaluator(settings) if settings.run.central_eval else None
     if checkpoint is None:
         execution = settings.execution
         run_dir = run_directory(execution.results_dir, execution.run_name,
@@ -105,9 +112,9 @@ def server_fn(context: Context) -> ServerAppComponents:
         log(INFO, "stamen: resuming %s after round %d", run_dir, checkpoint.round)
     strategy = METHODS[settings.run.strategy].strategy(
         settings=settings,
-        initial_parameters=initial_parameters(settings),
+        initial_parameters=parameters,
         recorder=ResultWriter(run_dir=run_dir, settings=settings.as_run_config(), resume_after=resume_after),
-        central_evaluation=central_evaluator(settings) if settings.run.central_eval else None,
+        central_evaluation=central_evaluation,
     )
     if checkpoint is not None:
         strategy = ContinuedRun(strategy=strategy, checkpoint=checkpoint)

@@ -25,6 +25,7 @@ from clients.training import (
     to_tensor,
     train_steps,
 )
+from clients.unavailable import UnavailableClient
 from datasets import ClientData
 from strategies.contracts.common import (
     ACCURACY,
@@ -42,6 +43,7 @@ from strategies.contracts.common import (
 )
 from strategies.contracts.contract import Contract, MethodSettings
 from strategies.contracts.fedavg import CONTRACT as FEDAVG
+from strategies.contracts.keys import ConfigError
 
 
 def round_generator(seed: int, partition_id: int, server_round: int, purpose: str) -> np.random.Generator:
@@ -51,7 +53,20 @@ def round_generator(seed: int, partition_id: int, server_round: int, purpose: st
 
 
 def torch_device(name: str) -> torch.device:
-    """The device to compute on: CUDA when asked for or (``auto``) when present."""
+    """The device to compute on: CUDA when asked for or (``auto``) when present.
+
+    Raises
+    ------
+    ConfigError
+        If ``cuda`` is asked for and torch sees no CUDA device here; naming the key
+        now saves a traceback from deep inside torch at the first tensor moved.
+
+    """
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            "run config key 'device': 'cuda' was asked for but torch sees no CUDA device; use device = \"auto\" "
+            "or \"cpu\", or give clients GPUs with client-resources-num-gpus"
+        )
     if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
         return torch.device("cuda")
     return torch.device("cpu")
@@ -154,10 +169,19 @@ class TorchClient(NumPyClient):
     # ------------------------------------------------------------- NumPyClient
 
     def get_properties(self, config: dict) -> dict:
-        """Partition and sizes; with a fit config, also check it suits this client's data."""
-        self.check(*self.settings_for(config))
-        return {PARTITION_ID: self.partition_id, NUM_PARTITIONS: self.num_partitions,
-                "num-train": len(self.train_y), "num-test": len(self.test_y)}  # fmt: skip
+        """Partition and sizes; with a fit config, also whether it suits this client's data.
+
+        A config this client cannot serve is reported as data (``preflight-error``), not
+        raised: Flower would print a traceback per client (see ``clients/unavailable.py``).
+        """
+        properties = {PARTITION_ID: self.partition_id, NUM_PARTITIONS: self.num_partitions,
+                      "num-train": len(self.train_y), "num-test": len(self.test_y)}  # fmt: skip
+        try:
+            self.check(*self.settings_for(config))
+        except ValueError as err:
+            report = UnavailableClient(error=err, partition_id=self.partition_id, num_partitions=self.num_partitions)
+            properties.update(report.get_properties(config))
+        return properties
 
     def get_parameters(self, config: dict) -> list[np.ndarray]:
         # copies: the caller must not see later in-place training through shared memory

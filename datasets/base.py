@@ -64,7 +64,7 @@ class ClientSplit:
 
 
 class DataUnavailableError(FileNotFoundError):
-    """Raised when a dataset's files are missing and downloading is off."""
+    """Raised when a dataset's files are missing (and downloading is off) or unreadable; names the file."""
 
 
 class NotEnoughDataError(ValueError):

@@ -42,10 +42,17 @@ def _read_leaf_dir(folder: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         )
     per_writer: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for path in files:
-        with path.open() as handle:
-            blob = json.load(handle)
-        for writer in blob["users"]:
-            entry = blob["user_data"][writer]
+        try:
+            with path.open() as handle:
+                blob = json.load(handle)
+            writers = [(writer, blob["user_data"][writer]) for writer in blob["users"]]
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise DataUnavailableError(f"LEAF file {path} is not valid JSON ({err}); is it truncated? "
+                                       "Regenerate it or remove it from data-dir") from err  # fmt: skip
+        except (KeyError, TypeError) as err:
+            raise DataUnavailableError(f"LEAF file {path} lacks 'users' or 'user_data' entry {err}; "
+                                       "expected LEAF's format") from err  # fmt: skip
+        for writer, entry in writers:
             x = np.asarray(entry["x"], dtype=np.float32)
             y = np.asarray(entry["y"], dtype=np.int64)
             if writer in per_writer:  # a writer split across files: append

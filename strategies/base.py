@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from typing import ClassVar
 
 import numpy as np
@@ -53,12 +53,13 @@ from strategies.checkpoint import Checkpoint, CheckpointError, arrays_of_model, 
 from strategies.contracts.common import EVALUATE_METRICS, FIT_METRICS, Settings
 from strategies.contracts.contract import Contract
 from strategies.contracts.fedavg import CONTRACT as FEDAVG
-from strategies.nodes import NodeDirectory
+from strategies.nodes import NodeDirectory, PreflightError
 from strategies.recorder import NullRecorder, Recorder
 from strategies.records import evaluation_summary, fit_totals, progress_line, run_summary, summary_line
 from strategies.sampling import sample_partitions, sample_size
 from strategies.screening import Reply, evaluate_reply_problem, fit_reply_problem
 
+PREFLIGHT_LOG = "preflight-errors.log"
 Failures = list[tuple[ClientProxy, FitRes] | tuple[ClientProxy, EvaluateRes] | BaseException]
 
 
@@ -180,10 +181,21 @@ class FederatedStrategy(Strategy):
     # --------------------------------------------------- Flower's Strategy API
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        """Wait for ``min-available-clients``, run the preflight, then :meth:`start`."""
+        """Wait for ``min-available-clients``, run the preflight, then :meth:`start`.
+
+        A failed preflight logs one line per cause and where the clients' tracebacks
+        went, then stops the run.
+        """
         self.nodes.wait_for(client_manager, self.settings.run.min_available_clients)
         if self.settings.run.preflight:
-            self.nodes.preflight(client_manager, self.fit_config(0))
+            try:
+                self.nodes.preflight(client_manager, self.fit_config(0))
+            except PreflightError as err:
+                where = self.recorder.save_text(PREFLIGHT_LOG, err.detail)
+                for line in err.lines:
+                    log(ERROR, "preflight: %s", line)
+                log(ERROR, "preflight: the clients' full reports are in %s", where)
+                raise
         self.start()
         return self.global_parameters
 
@@ -294,9 +306,15 @@ class FederatedStrategy(Strategy):
             self.recorder.save_checkpoint(self.checkpoint(server_round))
         if server_round == self.num_rounds:
             self.finish()
-            summary = run_summary(self.history, self.name)
+            summary = {**run_summary(self.history, self.name), "status": "completed"}
             self.recorder.finish(summary)
             log(INFO, "final: %s", summary_line(summary))
+
+    def fail(self, reason: str) -> None:
+        """End the run as failed: the records so far stay, and the summary says why (``status`` ``failed``)."""
+        summary = {**run_summary(self.history, self.name), "status": "failed", "reason": reason}
+        self.recorder.fail(summary)
+        log(ERROR, "stamen: the run failed after %d completed round(s): %s", len(self.history), reason)
 
     def _sample(self, server_round: int, partitions: list[int], fraction: float, purpose: str) -> list[int]:
         minimum = self.settings.run.min_fit_clients

@@ -16,7 +16,7 @@ from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from strategies.contracts.common import PARTITION_ID
+from strategies.contracts.common import PARTITION_ID, PREFLIGHT_DETAIL, PREFLIGHT_ERROR
 
 WAIT_S = 600  # how long to wait for nodes to connect
 REPLY_S = 300  # a node that has not answered by then counts as unable to start
@@ -39,18 +39,28 @@ class NodeDirectory:
         """Ask every connected node for its properties with ``config``; stop the run if any cannot start.
 
         Every node shares the run config, so one that cannot start (too many clients
-        for the data, a missing ``data-dir``, a batch larger than its data) means the
-        run cannot work as asked: it stops now with the nodes' reasons instead of
-        recording every round as failed.
+        for the data, a missing ``data-dir``, a batch larger than its data, no GPU)
+        means the run cannot work as asked: it stops now with the nodes' reasons,
+        one line per distinct cause, instead of recording every round as failed.
+
+        Raises
+        ------
+        PreflightError
+            With those lines and every node's full report.
+
         """
         proxies = list(client_manager.all().values())
         answers = _ask(proxies, config)
-        problems = [f"client {p.cid}: {a}" for p, a in zip(proxies, answers, strict=True) if isinstance(a, Exception)]
+        problems = [(p, a) for p, a in zip(proxies, answers, strict=True) if problem_of(a) is not None]
         if problems:
-            shown = "\n".join(problems[:3]) + (f"\n(and {len(problems) - 3} more)" if len(problems) > 3 else "")
-            raise RuntimeError(f"stamen preflight: {len(problems)} of {len(proxies)} clients cannot start:\n{shown}")
+            raise PreflightError(condensed(problems, len(proxies)), details(problems))
         self.properties.update({p.cid: a for p, a in zip(proxies, answers, strict=True)})
         log(INFO, "preflight: all %d connected clients accept the config", len(proxies))
+        largest = max((int(a.get("num-train", 0)) for a in answers), default=0)
+        batch = config.get("batch-size")
+        if isinstance(batch, int | float) and largest and batch > largest:
+            log(WARNING, "run config key 'batch-size': %s exceeds every client's training set (the largest holds "
+                "%d examples); every local step uses a client's whole set", batch, largest)  # fmt: skip
 
     def connected(self, client_manager: ClientManager) -> dict[int, ClientProxy]:
         """Partition -> a connected node serving it; a node not seen before is asked its partition first.
@@ -65,8 +75,9 @@ class NodeDirectory:
             proxies = client_manager.all()
         new = [proxy for cid, proxy in proxies.items() if cid not in self.properties]
         for proxy, answer in zip(new, _ask(new, {}), strict=True):
-            if isinstance(answer, Exception):
-                log(WARNING, "node %s did not report its partition: %s", proxy.cid, answer)
+            problem = problem_of(answer)
+            if problem is not None:
+                log(WARNING, "node %s did not report its partition: %s", proxy.cid, problem)
             else:
                 self.properties[proxy.cid] = answer
         by_partition: dict[int, ClientProxy] = {}
@@ -93,3 +104,63 @@ def _ask(proxies: list[ClientProxy], config: dict[str, Scalar]) -> list[dict[str
         return []
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         return list(pool.map(ask, proxies))
+
+
+class PreflightError(RuntimeError):
+    """Some nodes cannot start: ``lines`` has one line per distinct cause, ``detail`` every node's full report."""
+
+    def __init__(self, lines: list[str], detail: str) -> None:
+        super().__init__("stamen preflight: " + "; ".join(lines))
+        self.lines = lines
+        self.detail = detail
+
+
+def problem_of(answer: dict[str, Scalar] | Exception) -> str | None:
+    """Why a node's answer means it cannot start (one line), or ``None`` if it can."""
+    if isinstance(answer, Exception):
+        # Flower's error carries the client's traceback; its last line names the exception
+        lines = [line.strip() for line in str(answer).splitlines() if line.strip()]
+        return lines[-1] if lines else type(answer).__name__
+    error = answer.get(PREFLIGHT_ERROR)
+    return str(error) if error else None
+
+
+def _who(proxy: ClientProxy, answer: dict[str, Scalar] | Exception) -> int | str:
+    partition = -1 if isinstance(answer, Exception) else int(answer.get(PARTITION_ID, -1))
+    return partition if partition >= 0 else f"node {proxy.cid}"
+
+
+def ranges(numbers: list[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``0-2, 5, 7-8``."""
+    spans: list[list[int]] = []
+    for number in sorted(set(numbers)):
+        if spans and number == spans[-1][1] + 1:
+            spans[-1][1] = number
+        else:
+            spans.append([number, number])
+    return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in spans)
+
+
+def condensed(problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]], asked: int) -> list[str]:
+    """One line per distinct cause: how many clients, which partitions (or nodes), and the cause."""
+    by_cause: dict[str, list[int | str]] = {}
+    for proxy, answer in problems:
+        by_cause.setdefault(problem_of(answer) or "", []).append(_who(proxy, answer))
+    lines = []
+    for cause, who in sorted(by_cause.items(), key=lambda item: -len(item[1])):
+        partitions = [w for w in who if isinstance(w, int)]
+        named = ([f"partitions {ranges(partitions)}"] if partitions else []) + [w for w in who if isinstance(w, str)]
+        lines.append(f"{len(who)} of {asked} clients ({', '.join(named[:6])}{', ...' if len(named) > 6 else ''}): "
+                     f"{cause}")  # fmt: skip
+    return lines
+
+
+def details(problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]]) -> str:
+    """Every failing node's full report (its traceback), for a log file."""
+    parts = []
+    for proxy, answer in problems:
+        who = _who(proxy, answer)
+        label = f"partition {who} (node {proxy.cid})" if isinstance(who, int) else str(who)
+        body = str(answer) if isinstance(answer, Exception) else str(answer.get(PREFLIGHT_DETAIL, ""))
+        parts.append(f"===== {label}: {problem_of(answer)}\n{body.rstrip()}\n")
+    return "\n".join(parts)

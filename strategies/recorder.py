@@ -24,6 +24,12 @@ class Recorder(Protocol):
     def save_checkpoint(self, checkpoint: Checkpoint) -> None:
         """Keep ``checkpoint`` (replacing the previous one) so the run can resume from it."""
 
+    def save_text(self, name: str, text: str) -> str:
+        """Store a text file (a log of client tracebacks) under ``name``; return where it went."""
+
+    def fail(self, summary: dict) -> None:
+        """End a run that failed: ``summary`` holds ``status`` ``failed`` and the one-line ``reason``."""
+
 
 class NullRecorder:
     """A recorder that keeps records in memory only (tests, notebooks)."""
@@ -33,6 +39,7 @@ class NullRecorder:
         self.summary: dict | None = None
         self.arrays: dict[str, dict[str, np.ndarray]] = {}
         self.checkpoints: list[Checkpoint] = []
+        self.texts: dict[str, str] = {}
 
     def record_round(self, record: dict) -> None:
         self.rounds.append(record)
@@ -45,3 +52,10 @@ class NullRecorder:
 
     def save_checkpoint(self, checkpoint: Checkpoint) -> None:
         self.checkpoints.append(checkpoint)
+
+    def save_text(self, name: str, text: str) -> str:
+        self.texts[name] = text
+        return f"<memory:{name}>"
+
+    def fail(self, summary: dict) -> None:
+        self.summary = summary

@@ -82,3 +82,6 @@ class ContinuedRun(Strategy):
 
     def end_round(self, server_round: int) -> None:
         self.strategy.end_round(server_round + self.offset)
+
+    def fail(self, reason: str) -> None:
+        self.strategy.fail(reason)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from flwr.common import Scalar
 from flwr.server import Server
 from flwr.server.client_manager import ClientManager
+from flwr.server.history import History
 from flwr.server.server import EvaluateResultsAndFailures
 
 from strategies.base import FederatedStrategy
@@ -35,6 +36,14 @@ class RoundServer(Server):
     ) -> None:
         super().__init__(client_manager=client_manager, strategy=strategy)
         self.set_max_workers(max_workers)
+
+    def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
+        """Flower's rounds; a run that raises ends its results folder as failed, then raises on."""
+        try:
+            return super().fit(num_rounds, timeout)
+        except Exception as err:
+            self.strategy.fail(" ".join(str(err).split()) or type(err).__name__)
+            raise
 
     def evaluate_round(
         self, server_round: int, timeout: float | None

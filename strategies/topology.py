@@ -94,19 +94,10 @@ def make_graph(
 def read_edge_list(path: str | Path, num_agents: int) -> np.ndarray:
     """Adjacency from a file of ``l k`` lines (undirected, 0-based); self-loops are added."""
     adjacency = np.eye(num_agents, dtype=bool)
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        text = line.split("#", 1)[0].strip()
-        if not text:
-            continue
-        try:
-            a, b = (int(v) for v in text.replace(",", " ").split())
-        except ValueError as err:
+    for a, b in _edge_pairs(path):
+        if not (a < num_agents and b < num_agents):
             raise ValueError(
-                f"diffusion-graph-file {path} line {number}: expected two agent numbers, got {line!r}"
-            ) from err
-        if not (0 <= a < num_agents and 0 <= b < num_agents):
-            raise ValueError(
-                f"diffusion-graph-file {path} line {number}: agent {max(a, b)} is outside 0..{num_agents - 1} "
+                f"diffusion-graph-file {path}: agent {max(a, b)} is outside 0..{num_agents - 1} "
                 f"(the federation has {num_agents} partitions)"
             )
         adjacency[a, b] = adjacency[b, a] = True
@@ -145,11 +136,79 @@ def combination_matrix(rule: str, adjacency: np.ndarray, *, path: str | Path = "
     elif rule == "uniform":
         matrix = adjacency / sizes[np.newaxis, :]
     else:
-        matrix = np.loadtxt(path, dtype=np.float64, ndmin=2)
+        matrix = read_matrix(path)
         if matrix.shape != adjacency.shape:
-            raise ValueError(f"diffusion-combination-file {path} is {matrix.shape}, expected {adjacency.shape}")
-    check_combination(matrix, adjacency)
+            raise ValueError(f"diffusion-combination-file {path} is {matrix.shape}, expected {adjacency.shape} "
+                             f"(the federation has {len(adjacency)} agents)")  # fmt: skip
+    try:
+        check_combination(matrix, adjacency)
+    except ValueError as err:
+        raise ValueError(f"diffusion-combination-file {path}: {err}" if rule == "file" else str(err)) from err
     return matrix
+
+
+def read_matrix(path: str | Path) -> np.ndarray:
+    """A square matrix of numbers from a whitespace-separated text file; errors name the file."""
+    try:
+        matrix = np.loadtxt(path, dtype=np.float64, ndmin=2)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"diffusion-combination-file {path}: not a matrix of numbers ({err})") from err
+    if matrix.shape[0] != matrix.shape[1]:
+        raise ValueError(f"diffusion-combination-file {path}: {matrix.shape[0]} x {matrix.shape[1]} is not square")
+    return matrix
+
+
+def check_network_files(settings: DiffusionSettings) -> int | None:
+    """Read and check the network's files before any client works; the number of agents they imply, if any.
+
+    The graph file, the combination matrix and a per-agent participation list each
+    imply K; they must agree with each other (the federation's own K is checked once
+    the preflight has told it). A matrix is checked as :func:`combination_matrix`
+    checks it, on the graph file's edges when there is one, else on its own support.
+
+    Raises
+    ------
+    ValueError
+        Naming the key and the file, for an unreadable file, a matrix that is not
+        left-stochastic, or files that disagree on K.
+
+    """
+    implied: dict[str, int] = {}
+    adjacency = None
+    if settings.graph == "file" and settings.graph_file:
+        pairs = _edge_pairs(settings.graph_file)
+        implied["diffusion-graph-file"] = max((max(pair) for pair in pairs), default=0) + 1
+        adjacency = read_edge_list(settings.graph_file, implied["diffusion-graph-file"])
+    if settings.combination == "file" and settings.combination_file:
+        matrix = read_matrix(settings.combination_file)
+        implied["diffusion-combination-file"] = len(matrix)
+        if adjacency is None or len(adjacency) != len(matrix):
+            adjacency = (matrix != 0) | np.eye(len(matrix), dtype=bool)
+        combination_matrix("file", adjacency, path=settings.combination_file)
+    if settings.participation_per_agent:
+        implied["diffusion-participation-per-agent"] = len(parse_probabilities(settings.participation_per_agent))
+    if len(set(implied.values())) > 1:
+        shown = ", ".join(f"{name} {count}" for name, count in implied.items())
+        raise ValueError(f"the network's files disagree on the number of agents: {shown}")
+    return next(iter(implied.values()), None)
+
+
+def _edge_pairs(path: str | Path) -> list[tuple[int, int]]:
+    pairs = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            a, b = (int(v) for v in text.replace(",", " ").split())
+        except ValueError as err:
+            raise ValueError(
+                f"diffusion-graph-file {path} line {number}: expected two agent numbers, got {line!r}"
+            ) from err
+        if min(a, b) < 0:
+            raise ValueError(f"diffusion-graph-file {path} line {number}: agent {min(a, b)} is negative")
+        pairs.append((a, b))
+    return pairs
 
 
 def check_combination(matrix: np.ndarray, adjacency: np.ndarray) -> None:
@@ -353,8 +412,8 @@ def build_network(settings: DiffusionSettings, num_agents: int, *, seed: int = 0
     if settings.participation_per_agent:
         participation = parse_probabilities(settings.participation_per_agent)
         if len(participation) != num_agents:
-            raise ValueError(f"diffusion-participation-per-agent has {len(participation)} values but the federation "
-                             f"has {num_agents} agents")  # fmt: skip
+            raise ValueError(f"diffusion-participation-per-agent ({settings.participation_per_agent!r}) has "
+                             f"{len(participation)} values but the federation has {num_agents} agents")  # fmt: skip
     else:
         participation = np.full(num_agents, settings.participation)
     neighbour_q = neighbour_probabilities(settings.neighbour_probability, num_agents)

@@ -142,11 +142,11 @@ def test_out_of_range_values_name_the_key_and_range(key, value):
 
 @pytest.mark.parametrize(
     ("key", "value", "kind"),
-    [("local-steps", 2.5, "int"), ("lr", "fast", "float"), ("download", 1, "bool"), ("dataset", 3, "str"),
-     ("perfedavg-alpha", True, "float")],
+    [("local-steps", 2.5, "an integer"), ("lr", "fast", "a number"), ("download", 1, "a boolean"),
+     ("dataset", 3, "a string"), ("perfedavg-alpha", True, "a number")],
 )  # fmt: skip
 def test_wrong_types_are_refused(key, value, kind):
-    with pytest.raises(ConfigError, match=rf"'{key}': .* is not a {kind}"):
+    with pytest.raises(ConfigError, match=rf"'{key}': .* is not {kind}"):
         parse_settings({key: value})
 
 

@@ -181,8 +181,10 @@ def test_client_refuses_batches_larger_than_its_data_before_training():
     before = client.get_parameters({})
     with pytest.raises(ValueError, match=r"perfedavg-outer-batch-size 6 must be in \[1, 5\]"):
         client.fit(before, {})
-    with pytest.raises(ValueError, match=r"perfedavg-hessian-batch-size 9 must be in \[1, 5\]"):
-        client.get_properties({"perfedavg-outer-batch-size": 5, "perfedavg-hessian-batch-size": 9})
+    # the preflight's question is answered as data, not raised (Flower would print a traceback per client)
+    answer = client.get_properties({"perfedavg-outer-batch-size": 5, "perfedavg-hessian-batch-size": 9})
+    assert answer["preflight-error"].startswith("perfedavg-hessian-batch-size 9 must be in [1, 5]")
+    assert answer["partition-id"] == 0 and "Traceback" in answer["preflight-detail"]
     assert client.get_properties({"perfedavg-outer-batch-size": 5, "perfedavg-hessian-batch-size": 5})["num-train"] == 5
 
 

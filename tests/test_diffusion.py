@@ -206,7 +206,7 @@ def test_network_mean_heads_for_the_weighted_optimum_and_the_first_order_limit()
     ("overrides", "message"),
     [
         ({"mu": 0.0}, "'diffusion-mu': 0.0 is outside (0, inf)"),
-        ({"local_steps": 0}, "'local-steps': 0 is outside [1, inf)"),
+        ({"local_steps": 0}, "'local-steps': 0 is outside [1, 1000000]"),
         ({"participation": 1.5}, "'diffusion-participation': 1.5 is outside (0, 1]"),
         ({"participation": 0.0}, "'diffusion-participation': 0.0 is outside (0, 1]"),
         ({"neighbour_probability": -0.1}, "'diffusion-neighbour-probability': -0.1 is outside [0, 1]"),
@@ -252,5 +252,6 @@ def test_bad_networks_fail_at_the_start_naming_the_problem(tmp_path):
     with pytest.raises(ValueError, match="column 0 sums to 1.2, not 1"):
         make_strategy(settings)[0].initialize_parameters(manager)
     settings = settings_for(mode="diffusion", participation_per_agent="0.5,0.5")
-    with pytest.raises(ValueError, match="diffusion-participation-per-agent has 2 values but the federation has 4"):
+    expected = r"diffusion-participation-per-agent \('0.5,0.5'\) has 2 values but the federation has 4"
+    with pytest.raises(ValueError, match=expected):
         make_strategy(settings)[0].initialize_parameters(manager)

@@ -159,8 +159,9 @@ def test_preflight_asks_every_client_and_stops_the_run_with_their_reasons():
     manager = SimpleClientManager()
     manager.register(StartingProxy("8"))
     manager.register(StartingProxy("9", error="perfedavg-outer-batch-size 40 must be in [1, 12]"))
-    with pytest.raises(RuntimeError, match=r"1 of 2 clients cannot start:\nclient 9: perfedavg-outer-batch-size 40"):
+    with pytest.raises(RuntimeError, match=r"1 of 2 clients \(node 9\): perfedavg-outer-batch-size 40"):
         strategy.initialize_parameters(manager)
+    assert "perfedavg-outer-batch-size 40" in strategy.recorder.texts["preflight-errors.log"]
     healthy = SimpleClientManager()
     healthy.register(StartingProxy("1"))
     initial = strategy.global_parameters

@@ -97,7 +97,15 @@ def test_bad_matrices_name_the_column(tmp_path):
     np.savetxt(path, good)
     assert np.allclose(combination_matrix("file", adjacency, path=path), good)
     np.savetxt(path, good[:3])
-    with pytest.raises(ValueError, match="is \\(3, 4\\), expected \\(4, 4\\)"):
+    with pytest.raises(ValueError, match=f"diffusion-combination-file {path}: 3 x 4 is not square"):
+        combination_matrix("file", adjacency, path=path)
+    np.savetxt(path, combination_matrix("uniform", make_graph("ring", 3)))
+    with pytest.raises(ValueError, match=r"is \(3, 3\), expected \(4, 4\) \(the federation has 4 agents\)"):
+        combination_matrix("file", adjacency, path=path)
+    bad = good.copy()
+    bad[1, 1] += 0.2
+    np.savetxt(path, bad)
+    with pytest.raises(ValueError, match=f"diffusion-combination-file {path}: combination matrix column 1 sums to 1.2"):
         combination_matrix("file", adjacency, path=path)
 
 

@@ -27,6 +27,12 @@ MODELS = ("mlp", "cnn", "cnn-small", "logreg", "linear")
 IMAGE_MODELS = ("cnn", "cnn-small")
 AGGREGATIONS = ("examples", "uniform")
 DEVICES = ("auto", "cpu", "cuda")
+# Upper bounds that only stop typos (10**30 rounds): far past any run these machines can make, and stated
+# in the error. A million rounds at 0.2 s each is over two days; no dataset here has a million examples.
+MAX_ROUNDS = 1_000_000
+MAX_STEPS = 1_000_000
+MAX_BATCH = 1_000_000
+MAX_EPOCHS = 10_000.0
 MAX_REASONABLE_LOSS = 1e6  # cross-entropy of a uniform guess over 1e6 classes is ~14: beyond this a client is broken
 
 # Metric keys every client reports (strategies read the same names).
@@ -34,6 +40,8 @@ TRAIN_LOSS, LOCAL_STEPS, GRAD_EVALS, HVP_EVALS, SAMPLE_GRADS = (
     "train-loss", "local-steps", "grad-evals", "hvp-evals", "sample-grads")  # fmt: skip
 ACCURACY, GLOBAL_ACCURACY, GLOBAL_LOSS = "accuracy", "global-accuracy", "global-loss"
 PARTITION_ID, NUM_PARTITIONS = "partition-id", "num-partitions"
+# A node that cannot build its client answers the preflight with these properties (clients/unavailable.py).
+PREFLIGHT_ERROR, PREFLIGHT_DETAIL = "preflight-error", "preflight-detail"
 
 FIT_METRICS = (
     Metric(TRAIN_LOSS, "mean training loss over the local steps", 0.0, MAX_REASONABLE_LOSS),
@@ -57,7 +65,7 @@ class RunSettings(KeyedSettings):
     """The run: which method, how many rounds, whom each round asks, how replies are averaged."""
 
     strategy: str = key("perfedavg", "the method (see the table of methods)")
-    num_server_rounds: int = key(100, "federated rounds", at_least=1)
+    num_server_rounds: int = key(100, "federated rounds", at_least=1, at_most=MAX_ROUNDS)
     fraction_fit: float = key(0.2, "share of the clients sampled for training each round (the paper's r)",
                               above=0, at_most=1)  # fmt: skip
     fraction_evaluate: float = key(1.0, "share of the clients evaluated in an evaluation round (0 = none)",
@@ -104,19 +112,37 @@ class DataSettings(KeyedSettings):
                               "(users take a/2)")  # fmt: skip
 
 
+# Data keys that matter only for some values of another key: key -> (that key, the values it applies to).
+DATA_KEY_SCOPES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "emnist-split": ("dataset", ("emnist",)),
+    "download": ("dataset", ("mnist", "fashion-mnist", "emnist", "cifar10")),
+    "synthetic-alpha": ("dataset", GENERATED),
+    "synthetic-beta": ("dataset", GENERATED),
+    "images-per-class": ("partitioner", ("perfedavg-paper",)),
+    "paper-variant": ("partitioner", ("perfedavg-paper",)),
+    "dirichlet-concentration": ("partitioner", ("dirichlet",)),
+    "classes-per-client": ("partitioner", ("shards",)),
+}
+# The local-training keys a method may or may not read; its contract's ``uses`` says which it does.
+LOCAL_TRAINING_KEYS = ("lr", "local-steps", "local-epochs", "batch-size")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainingSettings(KeyedSettings):
     """The model, local training and the personalised evaluation every client runs."""
 
     model: str = key("mlp", "the network (see the models table)", choices=MODELS)
     lr: float = key(0.05, "local SGD step size", above=0)
-    local_steps: int = key(10, "local steps per round (the paper's tau)", at_least=1)
-    local_epochs: float = key(0.0, "if > 0: passes over the local data per round instead of local-steps", at_least=0)
-    batch_size: int = key(10, "local mini-batch size (Per-FedAvg's D)", at_least=1)
-    adapt_steps: int = key(1, "personalised evaluation: SGD steps on the client's own training data", at_least=0)
+    local_steps: int = key(10, "local steps per round (the paper's tau)", at_least=1, at_most=MAX_STEPS)
+    local_epochs: float = key(0.0, "if > 0: passes over the local data per round instead of local-steps", at_least=0,
+                              at_most=MAX_EPOCHS)  # fmt: skip
+    batch_size: int = key(10, "local mini-batch size (Per-FedAvg's D)", at_least=1, at_most=MAX_BATCH)
+    adapt_steps: int = key(1, "personalised evaluation: SGD steps on the client's own training data", at_least=0,
+                           at_most=MAX_STEPS)  # fmt: skip
     adapt_lr: float = key(0.0, "their step size (0: the method's test-time step, Per-FedAvg's alpha or lr)",
                           at_least=0)  # fmt: skip
-    adapt_batch_size: int = key(10, "their batch size (0: the client's whole training set)", at_least=0)
+    adapt_batch_size: int = key(10, "their batch size (0: the client's whole training set)", at_least=0,
+                                at_most=MAX_BATCH)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -86,6 +86,13 @@ class DiffusionSettings(MethodSettings):
                 parse_probabilities(self.participation_per_agent)
             except ValueError as err:
                 raise ConfigError(f"run config key 'diffusion-participation-per-agent': {err}") from err
+        # Imported here: topology builds on this contract, so a module-level import would be circular.
+        from strategies.topology import check_network_files
+
+        try:
+            check_network_files(self)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
 
 
 CONTRACT = Contract(

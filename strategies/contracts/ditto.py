@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from strategies.contracts.common import MAX_STEPS
 from strategies.contracts.contract import Contract, MethodSettings, Metric
 from strategies.contracts.keys import key
 
@@ -27,7 +28,8 @@ class DittoSettings(MethodSettings):
     lambda_: float = key(0.1, "weight of the regulariser lambda/2 ||v - w_global||^2 (0: purely local models)",
                          at_least=0)  # fmt: skip
     personal_lr: float = key(0.05, "step size of the personal model's updates", above=0)
-    personal_steps: int = key(10, "personal-model steps each time the client is sampled", at_least=1)
+    personal_steps: int = key(10, "personal-model steps each time the client is sampled", at_least=1,
+                              at_most=MAX_STEPS)  # fmt: skip
 
 
 CONTRACT = Contract(

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeVar
 INF = math.inf
 _METADATA = "stamen-key"
 _KINDS = {"bool": bool, "int": int, "float": float, "str": str}
+_KIND_NAMES = {bool: "a boolean (true or false)", int: "an integer", float: "a number", str: "a string"}
 _S = TypeVar("_S", bound="KeyedSettings")
 
 
@@ -108,7 +109,7 @@ class KeySpec:
     def problem(self, value: object) -> str | None:
         """Why ``value`` is not allowed for this key, or ``None``."""
         if type(value) is not self.kind:
-            return f"{value!r} is not a {self.kind.__name__}"
+            return f"{value!r} is not {_KIND_NAMES[self.kind]}"
         if self.choices and value not in self.choices:
             return f"{value!r} is not allowed; choose one of {list(self.choices)}"
         if self.kind in (int, float):
@@ -135,7 +136,7 @@ class KeySpec:
                 return int(round(value))
         if type(value) is self.kind:
             return value
-        raise ConfigError(f"run config key {self.name!r}: {value!r} is not a {self.kind.__name__}")
+        raise ConfigError(f"run config key {self.name!r}: {value!r} is not {_KIND_NAMES[self.kind]}")
 
 
 def _number(value: float | int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from strategies.contracts.common import MAX_BATCH
 from strategies.contracts.contract import Contract, MethodSettings
 from strategies.contracts.keys import key
 
@@ -25,8 +26,9 @@ class PerFedAvgSettings(MethodSettings):
     beta: float = key(0.05, "outer (meta) step size", above=0)
     delta: float = key(0.001, "hf: central-difference step of the Hessian-vector product", above=0)
     variant: str = key("hf", "fo (first order), hf (Hessian-free) or so (exact second order)", choices=VARIANTS)
-    outer_batch_size: int = key(10, "size of D' (the outer gradient)", at_least=1)
-    hessian_batch_size: int = key(10, "size of D'' (the Hessian term; unused by fo)", at_least=1)
+    outer_batch_size: int = key(10, "size of D' (the outer gradient)", at_least=1, at_most=MAX_BATCH)
+    hessian_batch_size: int = key(10, "size of D'' (the Hessian term; unused by fo)", at_least=1,
+                                     at_most=MAX_BATCH)  # fmt: skip
 
     def batch_sizes(self, batch_size: int) -> dict[str, int]:
         """The sizes of D, D' and D'' by key."""
