@@ -86,7 +86,55 @@ def parse_settings(run_config: Mapping[str, object], contracts: Mapping[str, Con
               "execution": ExecutionSettings.from_config(run_config)}  # fmt: skip
     # every method's values are checked, the chosen one's are kept
     methods = {name: contract.settings.from_config(run_config) for name, contract in contracts.items()}
-    return Settings(run=run, **shared, method=methods[run.strategy])
+    settings = Settings(run=run, **shared, method=methods[run.strategy],
+                        tuner=methods[run.tune] if run.tune != "none" else None)  # fmt: skip
+    if settings.tuner is not None:
+        check_tuning(settings, contracts)
+    return settings
+
+
+TUNED_DIMENSIONS = ("step", "work", "batch")
+
+
+def tuned_keys(settings: Settings, contracts: Mapping[str, Contract] = CONTRACTS) -> dict[str, str]:
+    """Dimension (``step``, ``work``, ``batch``) -> the run-config key the tuner moves, for a tuned run."""
+    tunable = contracts[settings.run.strategy].tunable
+    return dict(zip(TUNED_DIMENSIONS, tunable.keys(settings.as_run_config()), strict=True))
+
+
+def check_tuning(settings: Settings, contracts: Mapping[str, Contract] = CONTRACTS) -> None:
+    """Refuse a tuner over a method that declares nothing tunable, or bounds the method's keys cannot take.
+
+    A dimension whose hyper-step is 0 is held at the method's own value and not checked.
+    """
+    strategy, tuner = settings.run.strategy, settings.tuner
+    if contracts[strategy].tunable is None:
+        tunable = [name for name, contract in contracts.items() if contract.tunable is not None and name != "fathom"]
+        raise ConfigError(f"run config key 'tune': strategy {strategy!r} declares nothing tunable; tune one of "
+                          f"{tunable}")  # fmt: skip
+    if strategy == settings.run.tune:
+        raise ConfigError(f"run config key 'tune': strategy {strategy!r} is already tuned by {strategy}; use "
+                          f"tune = 'none', or tune = {strategy!r} over another strategy")  # fmt: skip
+    known = key_specs(contracts)
+    values = settings.as_run_config()
+    for dimension, name in tuned_keys(settings, contracts).items():
+        gamma_key, gamma = tuner.gamma_of(dimension)
+        if gamma == 0:
+            continue
+        (low_key, high_key), (low, high) = tuner.bounds_of(dimension, name)
+        spec = known[name][1]
+        for bound_key, bound in ((low_key, low), (high_key, high)):
+            above_low = bound > spec.low or (bound == spec.low and not spec.low_open)
+            below_high = bound < spec.high or (bound == spec.high and not spec.high_open)
+            if not (above_low and below_high):
+                raise ConfigError(
+                    f"run config key {bound_key!r}: {bound:g} is outside the range of {name!r}, "
+                    f"{spec.allowed()}, which the tuner moves; set it within that range, or {gamma_key} = 0 "
+                    f"to hold {name} fixed"
+                )
+        if not low <= float(values[name]) <= high:
+            raise ConfigError(f"run config key {name!r}: the tuner starts at {values[name]}, outside "
+                              f"[{low_key}, {high_key}] = [{low:g}, {high:g}]")  # fmt: skip
 
 
 def check_on_server(settings: Settings) -> None:
@@ -119,7 +167,7 @@ def ignored_keys(
         if name not in known or value == known[name][1].default:
             continue
         group = known[name][0]
-        if group.prefix and group.prefix != strategy:
+        if group.prefix and group.prefix not in (strategy, settings.run.tune):
             ignored[name] = f"a {group.prefix} key; strategy is {strategy!r}"
         elif name in LOCAL_TRAINING_KEYS and name not in contract.uses:
             ignored[name] = f"{strategy} reads {', '.join(contract.uses)} of the local-training keys"

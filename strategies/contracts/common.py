@@ -27,6 +27,7 @@ MODELS = ("mlp", "cnn", "cnn-small", "logreg", "linear")
 IMAGE_MODELS = ("cnn", "cnn-small")
 AGGREGATIONS = ("examples", "uniform")
 DEVICES = ("auto", "cpu", "cuda")
+TUNERS = ("none", "fathom")
 # Upper bounds that only stop typos (10**30 rounds): far past any run these machines can make, and stated
 # in the error. A million rounds at 0.2 s each is over two days; no dataset here has a million examples.
 MAX_ROUNDS = 1_000_000
@@ -65,6 +66,9 @@ class RunSettings(KeyedSettings):
     """The run: which method, how many rounds, whom each round asks, how replies are averaged."""
 
     strategy: str = key("perfedavg", "the method (see the table of methods)")
+    tune: str = key("none", "wrap the method in an online tuner of its step size, local work and batch size: none or "
+                    "fathom (FATHOM's rule, its fathom-* keys; strategy fathom is FedAvg tuned so)",
+                    choices=TUNERS)  # fmt: skip
     num_server_rounds: int = key(100, "federated rounds", at_least=1, at_most=MAX_ROUNDS)
     fraction_fit: float = key(0.2, "share of the clients sampled for training each round (the paper's r)",
                               above=0, at_most=1)  # fmt: skip
@@ -175,6 +179,7 @@ class Settings:
     training: TrainingSettings
     execution: ExecutionSettings
     method: MethodSettings
+    tuner: MethodSettings | None = None  # the tuner's own settings (fathom-*), when ``tune`` names one
 
     def __post_init__(self) -> None:
         data, training = self.data, self.training
@@ -192,8 +197,9 @@ class Settings:
     def as_run_config(self) -> dict[str, object]:
         """Every key of the shared groups and of the method, with its value (for summaries and checkpoints)."""
         out: dict[str, object] = {}
-        for group in (self.run, self.data, self.training, self.execution, self.method):
-            out.update(group.values())
+        for group in (self.run, self.data, self.training, self.execution, self.method, self.tuner):
+            if group is not None:
+                out.update(group.values())
         return out
 
     def data_spec(self, num_partitions: int = 0) -> DataSpec:

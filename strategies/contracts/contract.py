@@ -71,6 +71,32 @@ class MethodSettings(KeyedSettings):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Tunable:
+    """What a method's settings mean to an online tuner (``tune = "fathom"``).
+
+    Attributes
+    ----------
+    step
+        The run-config key of its local step size (``lr``, ``perfedavg-beta``).
+    work
+        The keys of its amount of local work, in order of preference: the first one set
+        above 0 is tuned (``local-epochs`` when it is > 0, else ``local-steps``).
+    batch
+        The key of its batch size.
+
+    """
+
+    step: str
+    work: tuple[str, ...]
+    batch: str = "batch-size"
+
+    def keys(self, values: Mapping[str, object]) -> tuple[str, str, str]:
+        """``(step, work, batch)`` keys for a run whose settings are ``values`` (every key -> value)."""
+        work = next((k for k in self.work if float(values[k]) > 0), self.work[-1])
+        return self.step, work, self.batch
+
+
+@dataclass(frozen=True, kw_only=True)
 class Contract:
     """A federated method as both its strategy and its client see it.
 
@@ -91,6 +117,8 @@ class Contract:
     example
         Run-config values that show the method at work on the embedded data (docs and
         the smoke test run it).
+    tunable
+        Which of its settings an online tuner may move; ``None``: it cannot be tuned.
 
     """
 
@@ -100,6 +128,7 @@ class Contract:
     uses: tuple[str, ...]
     metrics: tuple[Metric, ...] = ()
     example: Mapping[str, object] = field(default_factory=dict)
+    tunable: Tunable | None = None
 
     def __post_init__(self) -> None:
         if self.settings.prefix != self.name:

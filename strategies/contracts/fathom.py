@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from strategies.contracts.contract import Contract, MethodSettings, Metric
+from strategies.contracts.contract import Contract, MethodSettings, Metric, Tunable
 from strategies.contracts.keys import ConfigError, key
 
 if TYPE_CHECKING:
@@ -27,7 +27,8 @@ class FathomSettings(MethodSettings):
     prefix: ClassVar[str] = "fathom"
 
     gamma_lr: float = key(0.01, "hyper-step of the learning rate", at_least=0, server_only=True)
-    gamma_epochs: float = key(0.01, "hyper-step of the epochs", at_least=0, server_only=True)
+    gamma_epochs: float = key(0.01, "hyper-step of the epochs (of local-steps, for a method whose work is steps)",
+                              at_least=0, server_only=True)  # fmt: skip
     gamma_batch: float = key(0.1, "hyper-step of the batch size", at_least=0, server_only=True)
     smoothing: float = key(0.5, "weight of the previous smoothed update (a_sm)", at_least=0, below=1,
                            server_only=True)  # fmt: skip
@@ -35,6 +36,9 @@ class FathomSettings(MethodSettings):
     lr_max: float = key(1.0, "upper bound of the learning rate", above=0, server_only=True)
     epochs_min: float = key(0.01, "lower bound of the epochs", above=0, server_only=True)
     epochs_max: float = key(10.0, "upper bound of the epochs", above=0, server_only=True)
+    steps_min: float = key(1.0, "tune = fathom on a method whose work is local-steps: their lower bound", at_least=1,
+                           server_only=True)  # fmt: skip
+    steps_max: float = key(100.0, "... and their upper bound", at_least=1, server_only=True)
     batch_min: float = key(1.0, "lower bound of the batch size", at_least=1, server_only=True)
     batch_max: float = key(5096.0, "upper bound of the batch size", at_least=1, server_only=True)
     local_term: str = key("cosine", "cosine (the author's code) or eq12 (the paper's eq. 12, scaled by lr)",
@@ -52,8 +56,24 @@ class FathomSettings(MethodSettings):
     def batch_bounds(self) -> tuple[float, float]:
         return self.batch_min, self.batch_max
 
+    def bounds_of(self, dimension: str, work_key: str) -> tuple[tuple[str, str], tuple[float, float]]:
+        """The bound keys and values of a tuned dimension (``step``, ``work`` or ``batch``)."""
+        if dimension == "step":
+            return ("fathom-lr-min", "fathom-lr-max"), self.lr_bounds
+        if dimension == "batch":
+            return ("fathom-batch-min", "fathom-batch-max"), self.batch_bounds
+        if work_key == "local-steps":
+            return ("fathom-steps-min", "fathom-steps-max"), (self.steps_min, self.steps_max)
+        return ("fathom-epochs-min", "fathom-epochs-max"), self.epochs_bounds
+
+    def gamma_of(self, dimension: str) -> tuple[str, float]:
+        """The hyper-step key and value of a dimension; 0 holds the dimension at the method's own value."""
+        name = {"step": "lr", "work": "epochs", "batch": "batch"}[dimension]
+        return f"fathom-gamma-{name}", getattr(self, f"gamma_{name}")
+
     def check(self) -> None:
-        for low, high in (("lr_min", "lr_max"), ("epochs_min", "epochs_max"), ("batch_min", "batch_max")):
+        for low, high in (("lr_min", "lr_max"), ("epochs_min", "epochs_max"), ("steps_min", "steps_max"),
+                          ("batch_min", "batch_max")):  # fmt: skip
             if getattr(self, low) > getattr(self, high):
                 raise ConfigError(f"run config key 'fathom-{low.replace('_', '-')}': {getattr(self, low)} is above "
                                   f"'fathom-{high.replace('_', '-')}' = {getattr(self, high)}")  # fmt: skip
@@ -81,4 +101,5 @@ CONTRACT = Contract(
         Metric("local-epochs", "the epochs the client was sent", 0.0),
     ),
     example={"strategy": "fathom", "local-epochs": 1.0, "batch-size": 8},
+    tunable=Tunable(step="lr", work=("local-epochs",)),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from strategies.contracts.contract import Contract, MethodSettings
+from strategies.contracts.contract import Contract, MethodSettings, Tunable
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -21,4 +21,5 @@ CONTRACT = Contract(
     settings=FedAvgSettings,
     uses=("lr", "local-steps", "local-epochs", "batch-size"),
     example={"strategy": "fedavg"},
+    tunable=Tunable(step="lr", work=("local-epochs", "local-steps")),
 )

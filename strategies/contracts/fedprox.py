@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from strategies.contracts.contract import Contract, MethodSettings
+from strategies.contracts.contract import Contract, MethodSettings, Tunable
 from strategies.contracts.keys import key
 
 
@@ -28,4 +28,5 @@ CONTRACT = Contract(
     settings=FedProxSettings,
     uses=("lr", "local-steps", "local-epochs", "batch-size"),
     example={"strategy": "fedprox", "fedprox-mu": 0.1},
+    tunable=Tunable(step="lr", work=("local-epochs", "local-steps")),
 )

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from strategies.contracts.common import MAX_BATCH
-from strategies.contracts.contract import Contract, MethodSettings
+from strategies.contracts.contract import Contract, MethodSettings, Tunable
 from strategies.contracts.keys import key
 
 VARIANTS = ("fo", "hf", "so")
@@ -49,4 +49,6 @@ CONTRACT = Contract(
     settings=PerFedAvgSettings,
     uses=("local-steps", "batch-size"),
     example={"strategy": "perfedavg"},
+    # alpha is not tuned: it is also the test-time step, and moving it changes what is evaluated
+    tunable=Tunable(step="perfedavg-beta", work=("local-steps",)),
 )
