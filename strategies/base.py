@@ -58,6 +58,7 @@ from strategies.recorder import NullRecorder, Recorder
 from strategies.records import evaluation_summary, fit_totals, progress_line, run_summary, summary_line
 from strategies.sampling import sample_partitions, sample_size
 from strategies.screening import Reply, evaluate_reply_problem, fit_reply_problem
+from strategies.tuner import PHI_METRIC, FathomTuner
 
 PREFLIGHT_LOG = "preflight-errors.log"
 Failures = list[tuple[ClientProxy, FitRes] | tuple[ClientProxy, EvaluateRes] | BaseException]
@@ -109,6 +110,12 @@ class FederatedStrategy(Strategy):
         self.global_model = parameters_to_ndarrays(initial_parameters)  # decoded once, kept decoded
         self.shapes = [a.shape for a in self.global_model]
         self.fit_specs = {m.name: m for m in (*FIT_METRICS, *self.contract.metrics)}
+        self.tuner: FathomTuner | None = None
+        if settings.tuner is not None:  # tune = "fathom": the values in force move every round
+            keys = dict(zip(("step", "work", "batch"), self.contract.tunable.keys(settings.as_run_config()),
+                            strict=True))  # fmt: skip
+            self.tuner = FathomTuner(settings=settings.tuner, keys=keys, start=settings.as_run_config())
+            self.fit_specs[PHI_METRIC.name] = PHI_METRIC
         self.evaluate_specs = {m.name: m for m in EVALUATE_METRICS}
         self.history: list[dict] = []
         self.record: dict = {}
@@ -215,8 +222,11 @@ class FederatedStrategy(Strategy):
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         replies, rejected = self.screen_fit(server_round, results)
         metrics = fit_totals(replies, self.fit_specs.values())
+        previous = self.global_model
         arrays, extra = self.combine(server_round, replies)
         metrics.update(extra)
+        if self.tuner is not None and arrays is not None and replies:
+            metrics.update(self.tuner.update(previous, arrays, replies))
         if arrays is not None:
             self.global_model = arrays
             self.global_parameters = ndarrays_to_parameters(arrays)
@@ -267,8 +277,9 @@ class FederatedStrategy(Strategy):
     # ------------------------------------------------------------- the round
 
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
-        """The config dict sent with every fit instruction of ``server_round``."""
-        return {**self.hyperparameters(), "server-round": server_round}
+        """The config dict sent with every fit instruction of ``server_round``: the values in force."""
+        tuned = self.tuner.values() if self.tuner is not None else {}
+        return {**self.hyperparameters(), **tuned, "server-round": server_round}
 
     def is_evaluation_round(self, server_round: int) -> bool:
         due = server_round % self.settings.run.eval_every == 0 or server_round == self.num_rounds
@@ -338,6 +349,9 @@ class FederatedStrategy(Strategy):
         own_arrays, own_state = self.state()
         state = {"strategy": self.name, "history": self.history, "elapsed-seconds": time.perf_counter() - self.started,
                  "node-properties": self.nodes.properties, "own": own_state}  # fmt: skip
+        if self.tuner is not None:
+            tuner_arrays, state["tuner"] = self.tuner.checkpoint_state()
+            own_arrays = {**own_arrays, **tuner_arrays}
         # a copy: the run goes on changing its history and state after this call
         return Checkpoint(round=server_round, arrays={**model_arrays(self.global_model), **own_arrays},
                           state=copy.deepcopy(state))  # fmt: skip
@@ -362,6 +376,8 @@ class FederatedStrategy(Strategy):
         # a node still connected keeps its partition; the preflight's fresh answers win where they differ
         self.nodes.properties = {**checkpoint.state.get("node-properties", {}), **self.nodes.properties}
         self.restore(checkpoint.arrays, checkpoint.state.get("own", {}))
+        if self.tuner is not None:
+            self.tuner.restore(checkpoint.arrays, checkpoint.state["tuner"])
         self.global_model = stored
         self.global_parameters = ndarrays_to_parameters(stored)
         log(INFO, "resumed after round %d of %d", checkpoint.round, self.num_rounds)

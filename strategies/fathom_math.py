@@ -74,24 +74,35 @@ def hypergradients(state: FathomState, aggregate: RoundAggregate, settings: Fath
     return Hypergradients(h, g)
 
 
-def _clip(value: float, bounds: tuple[float, float]) -> float:
-    return float(min(max(value, bounds[0]), bounds[1]))
+def _moved(value: float, gamma: float, signal: float, bounds: tuple[float, float]) -> float:
+    """``clip(value * exp(-gamma * signal))``; a hyper-step of 0 holds the value as it is, unclipped."""
+    if gamma == 0:
+        return value
+    return float(min(max(value * math.exp(-gamma * signal), bounds[0]), bounds[1]))
 
 
 def fathom_update(
-    state: FathomState, aggregate: RoundAggregate, settings: FathomSettings
+    state: FathomState,
+    aggregate: RoundAggregate,
+    settings: FathomSettings,
+    *,
+    work_bounds: tuple[float, float] | None = None,
 ) -> tuple[FathomState, Hypergradients]:
-    """The next round's state and this round's hypergradients (seed eq. 13-15)."""
+    """The next round's state and this round's hypergradients (seed eq. 13-15).
+
+    ``epochs`` is the amount of local work: epochs for FATHOM itself, local steps when
+    the tuner wraps a method whose work is steps (``work_bounds`` then replaces the
+    epoch bounds).
+    """
     hg = hypergradients(state, aggregate, settings)
     previous = state.smoothed_update if state.smoothed_update is not None else np.zeros_like(aggregate.update)
     smoothed = settings.smoothing * previous + (1.0 - settings.smoothing) * aggregate.update
     new_state = replace(
         state,
-        lr=_clip(state.lr * math.exp(-settings.gamma_lr * hg.global_term), settings.lr_bounds),
-        epochs=_clip(
-            state.epochs * math.exp(-settings.gamma_epochs * (hg.global_term + hg.local_term)), settings.epochs_bounds
-        ),
-        batch_size=_clip(state.batch_size * math.exp(settings.gamma_batch * hg.local_term), settings.batch_bounds),
+        lr=_moved(state.lr, settings.gamma_lr, hg.global_term, settings.lr_bounds),
+        epochs=_moved(state.epochs, settings.gamma_epochs, hg.global_term + hg.local_term,
+                      work_bounds or settings.epochs_bounds),  # fmt: skip
+        batch_size=_moved(state.batch_size, settings.gamma_batch, -hg.local_term, settings.batch_bounds),
         smoothed_update=smoothed,
         round=state.round + 1,
     )

@@ -192,7 +192,7 @@ def test_strategy_broadcasts_state_rejects_missing_phi_and_updates():
     _, metrics = strategy.aggregate_fit(1, replies, [])
     assert strategy.record["clients-rejected"] == 1  # no phi: rejected, its 9s never reach the model
     assert metrics["G"] == pytest.approx(-0.5) and metrics["H"] == 0.0
-    assert strategy.tuning.batch_size == pytest.approx(16.0 * math.exp(0.1 * -0.5))
+    assert strategy.tuner.state.batch_size == pytest.approx(16.0 * math.exp(0.1 * -0.5))
     assert strategy.record["hp-batch-size"] == 16.0  # the record keeps the values in force that round
-    assert strategy.fit_config(2)["batch-size"] == pytest.approx(strategy.tuning.batch_size)
+    assert strategy.fit_config(2)["batch-size"] == pytest.approx(strategy.tuner.state.batch_size)
     np.testing.assert_allclose(strategy.global_model[0], 1.0)
