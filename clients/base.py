@@ -14,6 +14,7 @@ from torch import nn
 
 from clients.state import ClientState
 from clients.training import (
+    Alignment,
     ExtraLoss,
     PersonalisedResult,
     Step,
@@ -42,6 +43,7 @@ from strategies.contracts.common import (
     TrainingSettings,
 )
 from strategies.contracts.contract import Contract, MethodSettings
+from strategies.contracts.fathom import PHI
 from strategies.contracts.fedavg import CONTRACT as FEDAVG
 from strategies.contracts.keys import ConfigError
 
@@ -117,6 +119,8 @@ class TorchClient(NumPyClient):
         self.training = settings.training
         self.method = settings.method
         self.seed = settings.run.seed
+        self.tuned = settings.run.tune != "none"
+        self.alignment: Alignment | None = None  # a tuned run's phi over this round's steps
         self.partition_id = partition_id
         self.num_partitions = num_partitions
         self.state = state if state is not None else ClientState(owner=self.contract.name)
@@ -160,7 +164,20 @@ class TorchClient(NumPyClient):
             steps = steps_for(num, batch_size, training.local_steps, training.local_epochs)
         batches = batches_of(self.train_x, self.train_y, batch_indices(num, batch_size, steps, rng))
         return train_steps(self.model, batches, training.lr if lr is None else lr, extra_loss=extra_loss,
-                           on_step=on_step)  # fmt: skip
+                           on_step=self.watched(on_step))  # fmt: skip
+
+    def watched(self, on_step: Callable[[Step], None] | None = None) -> Callable[[Step], None] | None:
+        """``on_step``, and in a tuned run also the round's :class:`Alignment`; pass it to ``train_steps``."""
+        if self.alignment is None:
+            return on_step
+        if on_step is None:
+            return self.alignment
+
+        def both(step: Step) -> None:
+            on_step(step)
+            self.alignment(step)
+
+        return both
 
     def settings_for(self, config: dict) -> tuple[TrainingSettings, MethodSettings]:
         """The run's settings, updated with the values the server sent under the same keys."""
@@ -199,7 +216,10 @@ class TorchClient(NumPyClient):
         training, method = self.settings_for(config)
         self.check(training, method)
         rng = round_generator(self.seed, self.partition_id, int(config.get("server-round", 0)), "fit")
+        self.alignment = Alignment() if self.tuned else None
         report = self.local_train(training, method, rng)
+        if self.alignment is not None:  # a tuned run: FATHOM's local signal, and the step size in force
+            report.extra.setdefault(PHI, self.alignment.phi)
         metrics = {TRAIN_LOSS: report.mean_loss, LOCAL_STEPS: report.steps, GRAD_EVALS: report.grad_evals,
                    HVP_EVALS: report.hvp_evals, SAMPLE_GRADS: report.sample_grads, PARTITION_ID: self.partition_id,
                    **report.extra}  # fmt: skip

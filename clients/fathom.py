@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 from clients.base import TorchClient
-from clients.training import Step, TrainReport
+from clients.training import Alignment, TrainReport
 from strategies.contracts.common import TrainingSettings
 from strategies.contracts.fathom import CONTRACT, PHI, USED_BATCH, FathomSettings
 
@@ -19,26 +18,6 @@ def client_plan(num_examples: int, epochs: float, batch_size: float) -> tuple[in
         raise ValueError(f"a client needs at least one example, got {num_examples}")
     batch = int(min(max(round(batch_size), 1), num_examples))
     return batch, max(1, math.ceil(num_examples * epochs / batch))
-
-
-class Alignment:
-    """``phi = min_k cos(g_k, g_0 + ... + g_k)`` over the steps it is shown: one running sum, no history.
-
-    The displacement after step k is ``lr`` times that sum, and a cosine does not see
-    the positive factor. A cosine is 0 where either norm is 0, and clamped to [-1, 1]
-    against rounding.
-    """
-
-    def __init__(self) -> None:
-        self.running: torch.Tensor | None = None
-        self.phi = math.inf
-
-    def __call__(self, step: Step) -> None:
-        flat = torch.cat([g.reshape(-1) for g in step.direction])
-        self.running = flat.clone() if self.running is None else self.running + flat
-        norm = float(flat.norm()) * float(self.running.norm())
-        cosine = min(1.0, max(-1.0, float(torch.dot(flat, self.running)) / norm)) if norm > 0 else 0.0
-        self.phi = min(self.phi, cosine)
 
 
 class FathomClient(TorchClient):

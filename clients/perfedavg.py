@@ -34,8 +34,9 @@ class PerFedAvgClient(TorchClient):
     ) -> TrainReport:
         sizes = tuple(method.batch_sizes(training.batch_size).values())
         direction = meta_direction(alpha=method.alpha, variant=method.variant, delta=method.delta)
+        # in a tuned run, phi is the alignment of successive meta-gradients (the steps actually taken)
         return train_steps(self.model, self.meta_batches(sizes, training.local_steps, rng), method.beta,
-                           direction=direction)  # fmt: skip
+                           direction=direction, on_step=self.watched())  # fmt: skip
 
     def meta_batches(self, sizes: tuple[int, ...], steps: int, rng: np.random.Generator) -> Iterator[tuple[Batch, ...]]:
         """``steps`` triples (D, D', D''), each batch drawn without replacement, independently of the others."""

@@ -20,6 +20,7 @@ model is updated once, at the end.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -118,6 +119,26 @@ class TrainReport:
     sample_grads: int
     hvp_evals: int = 0
     extra: dict = field(default_factory=dict)  # method-specific scalar metrics for the reply
+
+
+class Alignment:
+    """FATHOM's local signal ``phi = min_k cos(g_k, g_0 + ... + g_k)`` over the steps it is shown; one running sum.
+
+    The displacement after step k is ``lr`` times that sum, and a cosine does not see
+    the positive factor. A cosine is 0 where either norm is 0, and clamped to [-1, 1]
+    against rounding.
+    """
+
+    def __init__(self) -> None:
+        self.running: torch.Tensor | None = None
+        self.phi = math.inf
+
+    def __call__(self, step: Step) -> None:
+        flat = torch.cat([g.reshape(-1) for g in step.direction])
+        self.running = flat.clone() if self.running is None else self.running + flat
+        norm = float(flat.norm()) * float(self.running.norm())
+        cosine = min(1.0, max(-1.0, float(torch.dot(flat, self.running)) / norm)) if norm > 0 else 0.0
+        self.phi = min(self.phi, cosine)
 
 
 def train_steps(
