@@ -109,7 +109,11 @@ class ResultWriter:
         (self.run_dir / "summary.json").write_text(json.dumps(_jsonable(payload), indent=2) + "\n")
         title = f"{summary.get('strategy')} - {self.run_dir.name}"
         plot_accuracy(self.rounds, self.run_dir / "accuracy.png", title=title)
-        log(INFO, "stamen wrote %s, %s and %s", self.metrics_path, "summary.json", "accuracy.png")
+        written = ["summary.json", "accuracy.png"]
+        if any("H" in r for r in self.rounds):  # a tuned run (fathom, or tune = "fathom")
+            plot_tuning(self.rounds, self.run_dir / "tuning.png", title=title)
+            written.append("tuning.png")
+        log(INFO, "stamen wrote %s, %s", self.metrics_path, ", ".join(written))
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -117,6 +121,43 @@ def read_metrics(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def tuned_values(rounds: list[dict]) -> dict[str, list[float]]:
+    """The values in force that changed during a run (``hp-*`` keys), per round: what a tuner moved."""
+    first = rounds[0] if rounds else {}
+    numeric = {k for k, v in first.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    keys = [k for k in first if k.startswith("hp-") and k in numeric]
+    series = {k.removeprefix("hp-"): [float(r.get(k, math.nan)) for r in rounds] for k in keys}
+    return {k: v for k, v in series.items() if len(set(v)) > 1}
+
+
+def plot_tuning(rounds: list[dict], path: Path, *, title: str) -> None:
+    """A tuned run's trajectory: every value the tuner moved, and its signals H, G and phi, per round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    moved = tuned_values(rounds)
+    x = [r["round"] for r in rounds]
+    fig, axes = plt.subplots(len(moved) + 1, 1, figsize=(6, 2.2 * (len(moved) + 1)), sharex=True, squeeze=False)
+    for ax, (name, values) in zip(axes[:, 0], moved.items(), strict=False):
+        ax.plot(x, values)
+        ax.set_ylabel(name)
+        ax.set_yscale("log" if min(values) > 0 and max(values) / min(values) > 10 else "linear")
+        ax.grid(alpha=0.3)
+    signals = axes[-1, 0]
+    for name in ("H", "G", "phi-mean"):
+        signals.plot(x, [r.get(name, math.nan) for r in rounds], label=name)
+    signals.set_ylabel("signal")
+    signals.set_xlabel("round")
+    signals.legend(loc="best", fontsize=8)
+    signals.grid(alpha=0.3)
+    axes[0, 0].set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot_accuracy(rounds: list[dict], path: Path, *, title: str) -> None:

@@ -1,0 +1,196 @@
+"""FATHOM's tuner over any method (``tune = "fathom"``): the part, Per-FedAvg's phi, bad input.
+
+The update rule itself is tested in ``tests/test_fathom.py``; here: which keys a tuned
+method broadcasts, that the tuner moves exactly what ``fathom_update`` says, that a
+tuned Per-FedAvg client's ``phi`` is the alignment of its meta-gradients (replayed
+independently), and that a tuner no method can take stops the run at parse time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import OK, REPO, FakeProxy, settings
+from flwr.common import FitRes, ndarrays_to_parameters
+from flwr.server.client_manager import SimpleClientManager
+
+from app.config import ConfigError, ignored_keys, parse_settings, tuned_keys
+from app.launcher import LocalSimulation
+from clients.base import round_generator
+from clients.meta import meta_gradient
+from clients.models import build_model
+from clients.perfedavg import PerFedAvgClient
+from clients.training import axpy, model_loss
+from datasets import ClientData
+from strategies.fathom_math import FathomState, RoundAggregate, cosine, fathom_update
+from strategies.perfedavg import PerFedAvg
+
+SHAPES = [(2, 3), (3,)]
+
+
+def tuned_perfedavg(**config):
+    base = {"strategy": "perfedavg", "tune": "fathom", "perfedavg-beta": 0.05, "local-steps": 4, "batch-size": 8,
+            "num-server-rounds": 3, "fraction-fit": 1.0, "min-fit-clients": 1, "min-available-clients": 1,
+            "preflight": False}  # fmt: skip
+    return parse_settings({**base, **config})
+
+
+def test_each_method_names_what_the_tuner_moves():
+    assert tuned_keys(tuned_perfedavg()) == {"step": "perfedavg-beta", "work": "local-steps", "batch": "batch-size"}
+    fedavg = parse_settings({"strategy": "fedavg", "tune": "fathom"})
+    assert tuned_keys(fedavg) == {"step": "lr", "work": "local-steps", "batch": "batch-size"}
+    epochs = parse_settings({"strategy": "fedprox", "tune": "fathom", "local-epochs": 1.0})
+    assert tuned_keys(epochs)["work"] == "local-epochs"
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"strategy": "ditto", "tune": "fathom"},
+         r"^run config key 'tune': strategy 'ditto' declares nothing tunable; tune one of \['fedavg', 'perfedavg', "),
+        ({"strategy": "diffusion", "tune": "fathom", "dataset": "least-squares", "model": "linear",
+          "partitioner": "natural"}, r"^run config key 'tune': strategy 'diffusion' declares nothing tunable"),
+        ({"strategy": "fathom", "tune": "fathom", "local-epochs": 1.0},
+         r"^run config key 'tune': strategy 'fathom' is already tuned"),
+        ({"strategy": "perfedavg", "tune": "fathom", "fathom-steps-max": 2e6},
+         r"^run config key 'fathom-steps-max': 2e\+06 is outside the range of 'local-steps', \[1, 1000000\]"),
+        ({"strategy": "fedavg", "tune": "fathom", "fathom-batch-max": 2e6},
+         r"^run config key 'fathom-batch-max': 2e\+06 is outside the range of 'batch-size'"),
+        ({"strategy": "perfedavg", "tune": "fathom", "perfedavg-beta": 2.0},
+         r"^run config key 'perfedavg-beta': the tuner starts at 2.0, outside \[fathom-lr-min, fathom-lr-max\]"),
+        ({"strategy": "perfedavg", "tune": "fathom", "local-steps": 500},
+         r"^run config key 'local-steps': the tuner starts at 500, outside \[fathom-steps-min, fathom-steps-max\]"),
+        ({"tune": "hyperband"}, r"'tune': 'hyperband' is not allowed; choose one of \['none', 'fathom'\]"),
+    ],
+)  # fmt: skip
+def test_a_tuner_no_method_can_take_stops_the_run_naming_the_key(config, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_settings(config)
+
+
+def test_a_held_dimension_is_neither_checked_nor_moved():
+    run = tuned_perfedavg(**{"fathom-steps-max": 2e6, "fathom-gamma-epochs": 0.0, "local-steps": 500})
+    assert tuned_keys(run)["work"] == "local-steps"  # accepted: gamma 0 holds local-steps at 500
+    state, _ = fathom_update(FathomState(lr=0.1, epochs=500.0, batch_size=8.0),
+                             RoundAggregate(update=np.ones(3), phis=np.array([0.3]), examples=np.ones(1)),
+                             run.tuner, work_bounds=(1.0, 100.0))  # fmt: skip
+    assert state.epochs == 500.0  # not clipped to the bound 100
+
+
+def test_the_tuners_keys_are_not_reported_as_unused():
+    config = {"strategy": "perfedavg", "tune": "fathom", "fathom-gamma-lr": 0.05}
+    assert ignored_keys(config, parse_settings(config)) == {}
+    untuned = {"strategy": "perfedavg", "fathom-gamma-lr": 0.05}
+    assert "fathom-gamma-lr" in ignored_keys(untuned, parse_settings(untuned))
+
+
+def fit_res(value, phi, examples=10):
+    arrays = [np.full(s, value, np.float32) for s in SHAPES]
+    return FitRes(OK, ndarrays_to_parameters(arrays), examples, {"phi": phi, "train-loss": 1.0})
+
+
+def test_tuned_per_fedavg_broadcasts_beta_moves_it_by_fathoms_rule_and_rejects_replies_without_phi():
+    run = tuned_perfedavg(**{"fathom-gamma-lr": 0.5})
+    start = [np.zeros(s, np.float32) for s in SHAPES]
+    strategy = PerFedAvg(settings=run, initial_parameters=ndarrays_to_parameters(start))
+    manager = SimpleClientManager()
+    proxies = [FakeProxy(str(i)) for i in range(3)]
+    for proxy in proxies:
+        manager.register(proxy)
+    (_, first), *_ = strategy.configure_fit(1, strategy.global_parameters, manager)
+    assert first.config["perfedavg-beta"] == 0.05 and first.config["local-steps"] == 4.0
+    assert first.config["batch-size"] == 8.0 and first.config["perfedavg-alpha"] == run.method.alpha
+
+    # round 1: two replies average to 1 everywhere (uniform aggregation), one lacks phi
+    no_phi = FitRes(OK, ndarrays_to_parameters([np.full(s, 9.0, np.float32) for s in SHAPES]), 10, {})
+    _, metrics = strategy.aggregate_fit(1, [(proxies[0], fit_res(0.5, 0.2)), (proxies[1], fit_res(1.5, 0.6)),
+                                            (proxies[2], no_phi)], [])  # fmt: skip
+    assert strategy.record["clients-rejected"] == 1
+    assert metrics["H"] == 0.0 and metrics["G"] == pytest.approx(-0.4) and metrics["phi-mean"] == pytest.approx(0.4)
+    strategy.end_round(1)
+    # round 2: the global model moves back by half; H = -cos(update, smoothed) = 1 with the update reversed
+    strategy.configure_fit(2, strategy.global_parameters, manager)
+    _, metrics = strategy.aggregate_fit(2, [(proxies[0], fit_res(0.5, 1.0)), (proxies[1], fit_res(0.5, 1.0))], [])
+    assert metrics["H"] == pytest.approx(1.0)
+    tuner = run.tuner
+    beta = 0.05 * math.exp(-0.5 * 0.0)  # round 1: H = 0
+    beta = beta * math.exp(-0.5 * 1.0)  # round 2: H = 1
+    steps = 4.0 * math.exp(-tuner.gamma_epochs * (0.0 - 0.4)) * math.exp(-tuner.gamma_epochs * (1.0 - 1.0))
+    batch = 8.0 * math.exp(tuner.gamma_batch * -0.4) * math.exp(tuner.gamma_batch * -1.0)
+    values = strategy.fit_config(3)
+    assert values["perfedavg-beta"] == pytest.approx(beta)
+    assert values["local-steps"] == pytest.approx(steps) and values["batch-size"] == pytest.approx(batch)
+    assert strategy.record["hp-perfedavg-beta"] == pytest.approx(0.05)  # the record keeps round 2's value in force...
+    strategy.end_round(2)
+    assert strategy.history[1]["hp-perfedavg-beta"] == pytest.approx(0.05 * math.exp(0.0))  # ...as it was sent
+
+    # a checkpoint keeps the tuner; a resumed strategy broadcasts the same values
+    checkpoint = strategy.checkpoint(2)
+    again = PerFedAvg(settings=run, initial_parameters=ndarrays_to_parameters(start))
+    again.resume(checkpoint)
+    assert again.fit_config(3) == values
+
+
+def test_a_tuned_per_fedavg_clients_phi_is_the_alignment_of_its_meta_gradients():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(30, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 30).astype(np.int64)
+    data = ClientData(x, y, x[:5], y[:5], num_classes=3)
+    run = tuned_perfedavg(**{"perfedavg-alpha": 0.1, "perfedavg-variant": "hf", "perfedavg-outer-batch-size": 6,
+                             "perfedavg-hessian-batch-size": 5, "model": "logreg", "device": "cpu",
+                             "seed": 3})  # fmt: skip
+    client = PerFedAvgClient(model=build_model("logreg", input_shape=(4,), num_classes=3), data=data, settings=run,
+                             partition_id=2)  # fmt: skip
+    start = [v.detach().numpy().copy() for v in build_model("logreg", input_shape=(4,), num_classes=3,
+                                                            seed=9).state_dict().values()]  # fmt: skip
+    # the server sends a real number of steps (the tuner's); the client rounds it (5.4 -> 5)
+    config = {"server-round": 7, "perfedavg-beta": 0.3, "local-steps": 5.4, "batch-size": 8.0}
+    new, _, metrics = client.fit(start, config)
+    assert metrics["local-steps"] == 5
+
+    # replay: the same batches (same generator), meta-gradients computed afresh, recorded, then phi by hand
+    model = build_model("logreg", input_shape=(4,), num_classes=3)
+    loss = model_loss(model)
+    params = tuple(torch.as_tensor(a) for a in start)
+    generator = round_generator(3, 2, 7, "fit")
+    recorded = []
+    for batches in client.meta_batches((8, 6, 5), 5, generator):
+        meta = meta_gradient(loss, params, batches, alpha=0.1, variant="hf", delta=run.method.delta)
+        recorded.append(np.concatenate([d.numpy().ravel() for d in meta.direction]).astype(np.float64))
+        params = axpy(params, meta.direction, -0.3)
+    expected = min(cosine(g, np.sum(recorded[: k + 1], axis=0)) for k, g in enumerate(recorded))
+    assert metrics["phi"] == pytest.approx(expected, abs=1e-5)
+    assert -1.0 <= expected < 0.999  # the steps are not all aligned: the check is not vacuous
+    for got, want in zip(new, params, strict=True):
+        np.testing.assert_allclose(got, want.numpy(), atol=1e-6)
+
+
+def test_an_untuned_client_reports_no_phi():
+    data = ClientData(np.ones((8, 2), np.float32), np.arange(8) % 2, np.ones((2, 2), np.float32), np.array([0, 1]),
+                      num_classes=2)  # fmt: skip
+    run = settings(strategy="perfedavg", batch_size=4, perfedavg_outer_batch_size=4, perfedavg_hessian_batch_size=4,
+                   model="logreg", device="cpu")  # fmt: skip
+    client = PerFedAvgClient(model=build_model("logreg", input_shape=(2,), num_classes=2), data=data, settings=run,
+                             partition_id=0)  # fmt: skip
+    _, _, metrics = client.fit(client.get_parameters({}), {})
+    assert "phi" not in metrics
+
+
+@pytest.mark.e2e
+def test_a_tuned_per_fedavg_simulation_records_its_trajectory(tmp_path):
+    config = {"tune": "fathom", "perfedavg-beta": 0.3, "fathom-gamma-lr": 0.2, "num-server-rounds": 4,
+              "eval-every": 4, "results-dir": str(tmp_path), "run-name": "tuned"}  # fmt: skip
+    with LocalSimulation(app_dir=REPO) as sim:
+        outcome = sim.run(run_config=config, num_supernodes=10, timeout_s=300)
+    assert outcome.ok, outcome.log_tail
+    records = [json.loads(line) for line in (tmp_path / "tuned" / "metrics.jsonl").read_text().splitlines()]
+    betas = [r["hp-perfedavg-beta"] for r in records]
+    assert betas[0] == 0.3 and len(set(betas)) > 1  # it moved
+    assert all(-1 <= r["phi-mean"] <= 1 and "H" in r and "G" in r for r in records)
+    assert (tmp_path / "tuned" / "tuning.png").stat().st_size > 0
+    summary = json.loads((tmp_path / "tuned" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["settings"]["tune"] == "fathom"
