@@ -115,6 +115,11 @@ def check_tuning(settings: Settings, contracts: Mapping[str, Contract] = CONTRAC
     if strategy == settings.run.tune:
         raise ConfigError(f"run config key 'tune': strategy {strategy!r} is already tuned by {strategy}; use "
                           f"tune = 'none', or tune = {strategy!r} over another strategy")  # fmt: skip
+    declared = contracts[strategy].tunable
+    allowed = ("", declared.step, *declared.other_steps)
+    if tuner.step not in allowed:
+        raise ConfigError(f"run config key 'fathom-step': {tuner.step!r} is not a step size {strategy} lets the tuner "
+                          f"move; choose one of {list(allowed)}")  # fmt: skip
     known = key_specs(contracts)
     values = settings.as_run_config()
     for dimension, name in tuned_keys(settings, contracts).items():

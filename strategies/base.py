@@ -253,6 +253,7 @@ class FederatedStrategy(Strategy):
         nodes = self.nodes.connected(client_manager)
         chosen = self.sample_evaluate(server_round, sorted(nodes))
         config = {**self.evaluate_config(), "server-round": server_round}
+        self.record["eval-adapt-lr"] = config.get("adapt-lr")  # the test-time step in force, which a tuner may move
         return [(nodes[p], EvaluateIns(self.parameters_for(p), config)) for p in chosen]
 
     def aggregate_evaluate(
@@ -275,6 +276,10 @@ class FederatedStrategy(Strategy):
         return (metrics["loss"] if accepted else None), metrics
 
     # ------------------------------------------------------------- the round
+
+    def in_force(self, key: str, default: Scalar) -> Scalar:
+        """The value in force for ``key``: the tuner's when it moves that key, else ``default``."""
+        return self.tuner.values().get(key, default) if self.tuner is not None else default
 
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
         """The config dict sent with every fit instruction of ``server_round``: the values in force."""

@@ -22,4 +22,6 @@ class PerFedAvg(FederatedStrategy):
     contract = CONTRACT
 
     def evaluate_config(self) -> dict[str, Scalar]:
-        return {**super().evaluate_config(), "adapt-lr": self.settings.training.adapt_lr or self.method.alpha}
+        """The paper's test-time step: alpha, the value in force when a tuner moves it (``adapt-lr`` 0)."""
+        alpha = self.in_force("perfedavg-alpha", self.method.alpha)
+        return {**super().evaluate_config(), "adapt-lr": self.settings.training.adapt_lr or alpha}

@@ -65,6 +65,9 @@ def test_each_method_names_what_the_tuner_moves():
         ({"strategy": "perfedavg", "tune": "fathom", "local-steps": 500},
          r"^run config key 'local-steps': the tuner starts at 500, outside \[fathom-steps-min, fathom-steps-max\]"),
         ({"tune": "hyperband"}, r"'tune': 'hyperband' is not allowed; choose one of \['none', 'fathom'\]"),
+        ({"strategy": "perfedavg", "tune": "fathom", "fathom-step": "lr"},
+         r"^run config key 'fathom-step': 'lr' is not a step size perfedavg lets the tuner move; choose one of "
+         r"\['', 'perfedavg-beta', 'perfedavg-alpha'\]"),
     ],
 )  # fmt: skip
 def test_a_tuner_no_method_can_take_stops_the_run_naming_the_key(config, message):
@@ -133,6 +136,26 @@ def test_tuned_per_fedavg_broadcasts_beta_moves_it_by_fathoms_rule_and_rejects_r
     again = PerFedAvg(settings=run, initial_parameters=ndarrays_to_parameters(start))
     again.resume(checkpoint)
     assert again.fit_config(3) == values
+
+
+def test_a_tuner_moving_alpha_evaluates_with_the_alpha_in_force_and_records_it():
+    run = tuned_perfedavg(**{"fathom-step": "perfedavg-alpha", "perfedavg-alpha": 0.01, "fathom-gamma-lr": 0.5,
+                             "eval-every": 1})  # fmt: skip
+    assert tuned_keys(run)["step"] == "perfedavg-alpha"
+    start = [np.zeros(s, np.float32) for s in SHAPES]
+    strategy = PerFedAvg(settings=run, initial_parameters=ndarrays_to_parameters(start))
+    manager = SimpleClientManager()
+    proxies = [FakeProxy(str(i)) for i in range(2)]
+    for proxy in proxies:
+        manager.register(proxy)
+    for server_round, value in ((1, 1.0), (2, 0.5)):  # round 2 reverses round 1: H = 1, alpha falls
+        (_, ins), *_ = strategy.configure_fit(server_round, strategy.global_parameters, manager)
+        assert ins.config["perfedavg-beta"] == run.method.beta  # beta is held
+        strategy.aggregate_fit(server_round, [(p, fit_res(value, 0.5)) for p in proxies], [])
+        (_, evaluation), *_ = strategy.configure_evaluate(server_round, strategy.global_parameters, manager)
+        assert evaluation.config["adapt-lr"] == strategy.tuner.values()["perfedavg-alpha"]
+        assert strategy.record["eval-adapt-lr"] == evaluation.config["adapt-lr"]
+    assert strategy.tuner.values()["perfedavg-alpha"] == pytest.approx(0.01 * math.exp(-0.5 * 1.0))
 
 
 def test_a_tuned_per_fedavg_clients_phi_is_the_alignment_of_its_meta_gradients():

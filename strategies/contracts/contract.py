@@ -78,6 +78,8 @@ class Tunable:
     ----------
     step
         The run-config key of its local step size (``lr``, ``perfedavg-beta``).
+    other_steps
+        Other keys ``fathom-step`` may name instead (Per-FedAvg's ``perfedavg-alpha``).
     work
         The keys of its amount of local work, in order of preference: the first one set
         above 0 is tuned (``local-epochs`` when it is > 0, else ``local-steps``).
@@ -89,11 +91,12 @@ class Tunable:
     step: str
     work: tuple[str, ...]
     batch: str = "batch-size"
+    other_steps: tuple[str, ...] = ()
 
     def keys(self, values: Mapping[str, object]) -> tuple[str, str, str]:
         """``(step, work, batch)`` keys for a run whose settings are ``values`` (every key -> value)."""
         work = next((k for k in self.work if float(values[k]) > 0), self.work[-1])
-        return self.step, work, self.batch
+        return str(values.get("fathom-step") or self.step), work, self.batch
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -41,6 +41,8 @@ class FathomSettings(MethodSettings):
     steps_max: float = key(100.0, "... and their upper bound", at_least=1, server_only=True)
     batch_min: float = key(1.0, "lower bound of the batch size", at_least=1, server_only=True)
     batch_max: float = key(5096.0, "upper bound of the batch size", at_least=1, server_only=True)
+    step: str = key("", "tune = fathom: the step-size key it moves ('' = the method's own: lr, perfedavg-beta; "
+                    "Per-FedAvg also allows perfedavg-alpha)", server_only=True)  # fmt: skip
     local_term: str = key("cosine", "cosine (the author's code) or eq12 (the paper's eq. 12, scaled by lr)",
                           choices=LOCAL_TERMS, server_only=True)  # fmt: skip
 

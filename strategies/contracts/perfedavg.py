@@ -49,6 +49,7 @@ CONTRACT = Contract(
     settings=PerFedAvgSettings,
     uses=("local-steps", "batch-size"),
     example={"strategy": "perfedavg"},
-    # alpha is not tuned: it is also the test-time step, and moving it changes what is evaluated
-    tunable=Tunable(step="perfedavg-beta", work=("local-steps",)),
+    # alpha is tuned only if asked (fathom-step): it is also the test-time step, so moving it changes what is
+    # evaluated; B5 measures whether it pays
+    tunable=Tunable(step="perfedavg-beta", work=("local-steps",), other_steps=("perfedavg-alpha",)),
 )
