@@ -1,0 +1,257 @@
+"""Benchmark B5: does FATHOM's tuner over Per-FedAvg replace the hand sweep of beta?
+
+B1's data and split (``../shared/data/mnist-10k``, n = 50 users, a = 34, 10 clients a
+round, d = d' = d'' = 40, tau = 10, alpha = 0.01, 100 rounds), through Flower's
+simulation engine, for each seed:
+
+- Per-FedAvg HF with a fixed beta in {0.01, 0.03, 0.1, 0.3}: the hand sweep;
+- Per-FedAvg HF with ``tune = "fathom"`` started from beta = 0.01 and from beta = 0.3,
+  a bad start on each side;
+- the same for FedAvg + update (fixed lr, and ``tune = "fathom"`` over ``fedavg``), so
+  the comparison with B1's FedAvg row is direct;
+- whether alpha should be tuned: Per-FedAvg HF with beta = 0.1 and a fixed alpha in
+  {0.001, 0.01, 0.05}, and with the tuner moving alpha instead of beta
+  (``fathom-step = "perfedavg-alpha"``) from 0.001 and from 0.05; the personalised
+  evaluation then adapts with the alpha in force.
+
+The tuner moves the step size only (``fathom-gamma-epochs = 0``, ``fathom-gamma-batch =
+0``): tau and the batches are the protocol's, fixed, as in the sweep it is compared
+with. Its hyper-step is ``fathom-gamma-lr = 0.1``, chosen from the horizon before any
+run: a step size moves by at most ``exp(gamma)`` a round, so the paper's 0.01 allows a
+factor e in 100 rounds and cannot cross from 0.01 to 0.1 at all (B2's finding), while
+0.1 allows the 30x between the bad starts and the sweep's ends in 34 rounds of
+consistent signal.
+
+Reports the mean personalised accuracy (client mean, one step of alpha on a batch of
+40, as B1) with 95% t-intervals, the step-size trajectories
+(``bench/results/self_tuning_trajectories.png``), gradient evaluations (plus
+Hessian-vector products) per run, and the cost of the whole sweep against one tuned
+run. Writes ``bench/results/self_tuning.json`` and ``.md``.
+
+    python bench/self_tuning.py --quick     # one seed, 20 rounds, Per-FedAvg only (quick output is git-ignored)
+    python bench/self_tuning.py             # the README's table (about 75 minutes on 2 cores)
+
+Finished runs are appended to ``bench/results/self_tuning_runs.jsonl`` and skipped when
+asked for again, so the benchmark resumes; ``--report-only`` rebuilds the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from app.launcher import LocalSimulation  # noqa: E402
+from bench.common import QUICK_RESULTS, SHARED_DATA, interval, machine, read_records  # noqa: E402
+from bench.perfedavg_table1 import NUM_USERS, Row, run_config  # noqa: E402
+
+ROW = Row(10, 0.01)
+STEP_SIZES = {"perfedavg": (0.01, 0.03, 0.1, 0.3), "fedavg": (0.01, 0.03, 0.1, 0.3), "alpha": (0.001, 0.01, 0.05)}
+TUNED_STARTS = {"perfedavg": (0.01, 0.3), "fedavg": (0.01, 0.3), "alpha": (0.001, 0.05)}
+ALPHA_BETA = 0.1  # the alpha cases hold beta at B1's value
+GAMMA = 0.1
+TUNER = {"tune": "fathom", "fathom-gamma-lr": GAMMA, "fathom-gamma-epochs": 0.0, "fathom-gamma-batch": 0.0}
+METHODS = {"perfedavg": ("Per-FedAvg HF", "perfedavg-beta"), "fedavg": ("FedAvg + update", "lr"),
+           "alpha": (f"Per-FedAvg HF (beta = {ALPHA_BETA})", "perfedavg-alpha")}  # fmt: skip
+
+
+def configurations(methods: tuple[str, ...]) -> list[dict]:
+    """Every configuration of one seed: the fixed step sizes, then the tuned bad starts, per method."""
+    out = []
+    for method in methods:
+        label, step_key = METHODS[method]
+        for step in STEP_SIZES[method]:
+            out.append({"method": method, "label": f"{label}, {step_key} = {step}", "step": step, "tuned": False})
+        for step in TUNED_STARTS[method]:
+            out.append({"method": method, "label": f"{label} + tuner from {step_key} = {step}", "step": step,
+                        "tuned": True})  # fmt: skip
+    return out
+
+
+def run_key(seed: int, case: dict, rounds: int) -> str:
+    return f"{seed}|{case['label']}|{rounds}|gamma={GAMMA if case['tuned'] else 0}"
+
+
+def summarise(run_dir: Path, step_key: str) -> dict:
+    records, summary = read_records(run_dir)
+    final = summary["final"]
+    return {
+        "accuracy": final["accuracy-client-mean"],
+        "accuracy-weighted": final["accuracy"],
+        "grad-evals": sum(r["grad-evals"] for r in records),
+        "hvp-evals": sum(r.get("hvp-evals", 0) for r in records),
+        "seconds": sum(r["round-seconds"] for r in records),
+        "trajectory": [r[f"hp-{step_key}"] for r in records],
+        "H": [r.get("H") for r in records],
+        "phi-mean": [r.get("phi-mean") for r in records],
+        "curve": [(r["round"], r["accuracy-client-mean"]) for r in records if "accuracy-client-mean" in r],
+        "failed-replies": sum(r["clients-failed"] for r in records),
+    }
+
+
+def run_case(sim: LocalSimulation, case: dict, *, seed: int, rounds: int, data_dir: Path, results: str,
+             federation: str) -> dict:  # fmt: skip
+    name = f"s{seed}-{case['method']}-{'tuned' if case['tuned'] else 'fixed'}-{case['step']}"
+    if case["method"] == "alpha":
+        config = run_config(Row(ROW.tau, case["step"]), "perfedavg", "hf", beta=ALPHA_BETA, rounds=rounds, seed=seed,
+                            data_dir=data_dir, results=results, name=name)  # fmt: skip
+    else:
+        variant = "hf" if case["method"] == "perfedavg" else ""
+        config = run_config(ROW, case["method"], variant, beta=case["step"], rounds=rounds, seed=seed,
+                            data_dir=data_dir, results=results, name=name)  # fmt: skip
+    config["eval-every"] = max(1, rounds // 4)
+    if case["tuned"]:
+        config.update(TUNER)
+        if case["method"] == "alpha":  # alpha moves instead of beta; the evaluation adapts with the alpha in force
+            config.update({"fathom-step": "perfedavg-alpha", "adapt-lr": 0.0})
+    outcome = sim.run(run_config=config, num_supernodes=NUM_USERS, extra_federation=federation)
+    if not outcome.ok:
+        raise SystemExit(f"{name}: {outcome.status}\n{outcome.log_tail}")
+    return {**summarise(Path(results) / name, METHODS[case["method"]][1]), "wall-seconds": outcome.wall_seconds}
+
+
+def report(runs: dict[str, list[dict]], cases: list[dict], args: argparse.Namespace, seconds: float) -> dict:
+    rows = []
+    for case in cases:
+        done = runs.get(case["label"], [])
+        if not done:
+            continue
+        mean, half = interval([r["accuracy"] for r in done])
+        rows.append({
+            "label": case["label"], "method": case["method"], "tuned": case["tuned"], "start": case["step"],
+            "mean": mean, "ci95": half, "seeds": [r["seed"] for r in done], "accuracy": [r["accuracy"] for r in done],
+            "final-step": [r["trajectory"][-1] for r in done] if case["tuned"] else None,
+            "grad-evals": statistics.mean(r["grad-evals"] for r in done),
+            "hvp-evals": statistics.mean(r["hvp-evals"] for r in done),
+            "seconds": statistics.median(r["seconds"] for r in done),
+        })  # fmt: skip
+    verdicts = {}
+    for method in args.methods:
+        fixed = [r for r in rows if r["method"] == method and not r["tuned"]]
+        tuned = [r for r in rows if r["method"] == method and r["tuned"]]
+        if len(fixed) < len(STEP_SIZES[method]) or not tuned:
+            continue
+        best = max(fixed, key=lambda r: r["mean"])
+        sweep_cost = sum(r["grad-evals"] + r["hvp-evals"] for r in fixed)
+        verdicts[method] = {
+            "best-fixed": best["label"], "best-fixed-mean": best["mean"],
+            "tuned": {r["label"]: {"gap-points": 100 * (r["mean"] - best["mean"]),
+                                   "within-1-point": 100 * (best["mean"] - r["mean"]) <= 1.0,
+                                   "cost-vs-sweep": (r["grad-evals"] + r["hvp-evals"]) / sweep_cost}
+                      for r in tuned},
+            "sweep-runs": len(fixed),
+        }  # fmt: skip
+    return {
+        "benchmark": "B5", "quick": args.quick, "rounds": args.rounds, "seeds": args.seeds, "row": ROW.label,
+        "users": NUM_USERS, "tuner": TUNER, "machine": machine(), "date": time.strftime("%Y-%m-%d"),
+        "total-seconds": seconds, "run-wall-seconds": sum(r["wall-seconds"] for done in runs.values() for r in done),
+        "rows": rows, "verdicts": verdicts,
+    }  # fmt: skip
+
+
+def markdown(rep: dict) -> str:
+    lines = [
+        f"B5, {rep['row']}, {rep['rounds']} rounds, seeds {rep['seeds']}: mean personalised accuracy over the "
+        f"{rep['users']} users (%, mean ± 95% t-interval), gradient evaluations (+ Hessian-vector products) per "
+        "run; the tuner moves one step size only (gamma-lr = 0.1): beta, lr, or (last block) alpha.",
+        "",
+        "| run | accuracy (%) | final step size (per seed) | gradients per run |",
+        "|---|---|---|---|",
+    ]
+    for r in rep["rows"]:
+        final = ", ".join(f"{v:.3g}" for v in r["final-step"]) if r["final-step"] else "fixed"
+        cost = f"{r['grad-evals']:.0f}" + (f" + {r['hvp-evals']:.0f}" if r["hvp-evals"] else "")
+        lines.append(f"| {r['label']} | {100 * r['mean']:.2f} ± {100 * r['ci95']:.2f} | {final} | {cost} |")
+    for method, verdict in rep["verdicts"].items():
+        lines += ["", f"{METHODS[method][0]}: best fixed is {verdict['best-fixed']} "
+                      f"({100 * verdict['best-fixed-mean']:.2f}%)."]  # fmt: skip
+        for label, v in verdict["tuned"].items():
+            within = "within" if v["within-1-point"] else "not within"
+            cost = f"{v['cost-vs-sweep']:.2f}x the gradients of the {verdict['sweep-runs']}-run sweep"
+            lines.append(f"- {label}: {v['gap-points']:+.2f} points against it ({within} 1 point), at {cost}.")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rep: dict, runs: dict[str, list[dict]], cases: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = [m for m in rep["verdicts"] or {c["method"] for c in cases} if any(c["method"] == m for c in cases)]
+    fig, axes = plt.subplots(1, len(methods), figsize=(6 * len(methods), 4), squeeze=False)
+    for ax, method in zip(axes[0], methods, strict=True):
+        label, step_key = METHODS[method]
+        for case in (c for c in cases if c["method"] == method):
+            for r in runs.get(case["label"], []):
+                if case["tuned"]:
+                    colour = "tab:blue" if case["step"] == min(TUNED_STARTS[method]) else "tab:red"
+                    ax.plot(range(1, len(r["trajectory"]) + 1), r["trajectory"], color=colour, alpha=0.7,
+                            label=f"tuned from {case['step']}" if r["seed"] == rep["seeds"][0] else None)  # fmt: skip
+            if not case["tuned"]:
+                ax.axhline(case["step"], color="grey", lw=0.8, ls=":")
+        ax.set_yscale("log")
+        ax.set_xlabel("round")
+        ax.set_ylabel(f"{step_key} in force")
+        ax.set_title(f"{label}: step size per round (dotted: the fixed sweep)", fontsize=9)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one seed, 20 rounds, Per-FedAvg only")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--report-only", action="store_true", help="the report from the recorded runs, no new runs")
+    parser.add_argument("--data-dir", type=Path, default=SHARED_DATA / "mnist-10k")
+    parser.add_argument("--federation", default="client-resources-num-cpus=1")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "self_tuning.json")
+    args = parser.parse_args()
+    if not (args.data_dir / "MNIST" / "raw").is_dir():
+        raise SystemExit(f"B5 needs MNIST in torchvision's layout under {args.data_dir}/MNIST/raw (see --data-dir)")
+    if args.quick:
+        args.seeds, args.rounds, args.methods = args.seeds[:1], 20, ["perfedavg"]
+        args.out = QUICK_RESULTS / args.out.name
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    cases = configurations(tuple(args.methods))
+    log_path = args.out.with_name(args.out.stem + "_runs.jsonl")
+    recorded = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
+    done = {x["key"]: x for x in recorded}
+    runs: dict[str, list[dict]] = {}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as results, LocalSimulation(app_dir=REPO) as sim:
+        for method in args.methods:  # Per-FedAvg first: the claim under test
+            for seed in args.seeds:
+                for case in (c for c in cases if c["method"] == method):
+                    key = run_key(seed, case, args.rounds)
+                    if key not in done and not args.report_only:
+                        result = run_case(sim, case, seed=seed, rounds=args.rounds, data_dir=args.data_dir,
+                                          results=results, federation=args.federation)  # fmt: skip
+                        done[key] = {"key": key, "seed": seed, "label": case["label"], **result}
+                        with log_path.open("a") as handle:
+                            handle.write(json.dumps(done[key]) + "\n")
+                        print(f"[{time.perf_counter() - started:6.0f} s] seed {seed} {case['label']}: "
+                              f"acc {result['accuracy']:.4f}, final step {result['trajectory'][-1]:.4g}", flush=True)
+                    if key in done:
+                        runs.setdefault(case["label"], []).append(done[key])
+    rep = report(runs, cases, args, time.perf_counter() - started)
+    args.out.write_text(json.dumps(rep, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(rep))
+    plot(rep, runs, cases, args.out.with_name(args.out.stem + "_trajectories.png"))
+    print(markdown(rep))
+
+
+if __name__ == "__main__":
+    main()
