@@ -30,6 +30,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flwr.common.config import parse_config_args
+
+from app.config import ConfigError, parse_settings
 from app.launcher import FINISHED_OK, RunOutcome, free_port, run_config_text
 
 CONNECTION = "stamen-local"
@@ -395,6 +398,30 @@ class LocalDeployment:
         return [shlex.join(item.command) for item in [self.superlink, *self.nodes.values()] if item]
 
 
+def deployment_run_config(text: str, *, results_dir: Path) -> dict[str, object]:
+    """The run config the helper submits: ``results-dir`` by default, the user's ``--run-config`` keys over it.
+
+    Flower refuses a key given twice in one ``--run-config`` string ("The provided
+    configuration string is in an invalid format"), so the helper's default cannot simply
+    be prepended; it is merged, and the result is checked by stamen's own parser before
+    any process starts.
+
+    Raises
+    ------
+    ConfigError
+        For text that is not ``key=value ...`` or a key or value stamen refuses.
+
+    """
+    try:
+        user = parse_config_args([text]) if text.strip() else {}
+    except Exception as err:  # Flower raises click's ClickException, not a ValueError
+        raise ConfigError(f"--run-config is not in flwr run's `key=value ...` syntax: {text!r}") from err
+    # a relative results-dir would land in the SuperLink's working directory, not where the user ran this
+    config = {"results-dir": str(results_dir), **user}
+    parse_settings(config)
+    return config
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start a local deployment, run the app once (or serve until Ctrl-C), stop everything."""
     parser = argparse.ArgumentParser(prog="python -m app.deploy", description=__doc__.split("\n")[0])
@@ -406,6 +433,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve", action="store_true", help="keep the deployment up until Ctrl-C instead of running")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the run (default 3600)")
     args = parser.parse_args(argv)
+    try:
+        config = deployment_run_config(args.run_config, results_dir=Path.cwd() / "results")
+    except ConfigError as err:
+        print(f"error: {err}")
+        return 2
     app_dir = Path(__file__).resolve().parent.parent
     with LocalDeployment(app_dir=app_dir, num_nodes=args.nodes, tls=args.tls, node_auth=args.auth,
                          workdir=args.workdir) as deployment:  # fmt: skip
@@ -417,8 +449,6 @@ def main(argv: list[str] | None = None) -> int:
                 signal.pause()
             except KeyboardInterrupt:
                 return 0
-        # A relative results-dir would land in the SuperLink's workdir; the user's own key comes later and wins.
-        config = f"results-dir='{Path.cwd() / 'results'}' {args.run_config}".strip()
         outcome = deployment.run(config, timeout_s=args.timeout)
         print(outcome.log[-3000:])
         print(f"run {outcome.run_id}: {outcome.status} in {outcome.wall_seconds:.0f} s")
