@@ -93,13 +93,10 @@ def parse_settings(run_config: Mapping[str, object], contracts: Mapping[str, Con
     return settings
 
 
-TUNED_DIMENSIONS = ("step", "work", "batch")
-
-
 def tuned_keys(settings: Settings, contracts: Mapping[str, Contract] = CONTRACTS) -> dict[str, str]:
     """Dimension (``step``, ``work``, ``batch``) -> the run-config key the tuner moves, for a tuned run."""
     tunable = contracts[settings.run.strategy].tunable
-    return dict(zip(TUNED_DIMENSIONS, tunable.keys(settings.as_run_config()), strict=True))
+    return tunable.keys(settings.as_run_config())
 
 
 def check_tuning(settings: Settings, contracts: Mapping[str, Contract] = CONTRACTS) -> None:

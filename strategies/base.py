@@ -112,9 +112,8 @@ class FederatedStrategy(Strategy):
         self.fit_specs = {m.name: m for m in (*FIT_METRICS, *self.contract.metrics)}
         self.tuner: FathomTuner | None = None
         if settings.tuner is not None:  # tune = "fathom": the values in force move every round
-            keys = dict(zip(("step", "work", "batch"), self.contract.tunable.keys(settings.as_run_config()),
-                            strict=True))  # fmt: skip
-            self.tuner = FathomTuner(settings=settings.tuner, keys=keys, start=settings.as_run_config())
+            values = settings.as_run_config()
+            self.tuner = FathomTuner(settings=settings.tuner, keys=self.contract.tunable.keys(values), start=values)
             self.fit_specs[PHI_METRIC.name] = PHI_METRIC
         self.evaluate_specs = {m.name: m for m in EVALUATE_METRICS}
         self.history: list[dict] = []

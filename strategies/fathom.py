@@ -31,8 +31,8 @@ class Fathom(FederatedStrategy):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        keys = {"step": "lr", "work": "local-epochs", "batch": "batch-size"}
-        self.tuner = FathomTuner(settings=self.method, keys=keys, start=self.settings.as_run_config())
+        values = self.settings.as_run_config()
+        self.tuner = FathomTuner(settings=self.method, keys=self.contract.tunable.keys(values), start=values)
         if self.settings.run.aggregation != "examples":
             log(WARNING, "fathom always weighs models by example count (its update rule assumes it)")
 

@@ -64,6 +64,8 @@ def test_each_method_names_what_the_tuner_moves():
          r"^run config key 'perfedavg-beta': the tuner starts at 2.0, outside \[fathom-lr-min, fathom-lr-max\]"),
         ({"strategy": "perfedavg", "tune": "fathom", "local-steps": 500},
          r"^run config key 'local-steps': the tuner starts at 500, outside \[fathom-steps-min, fathom-steps-max\]"),
+        ({"strategy": "fathom", "local-epochs": 1.0, "fathom-step": "perfedavg-beta"},
+         r"^run config key 'fathom-step': strategy 'fathom' tunes lr; got 'perfedavg-beta'"),
         ({"tune": "hyperband"}, r"'tune': 'hyperband' is not allowed; choose one of \['none', 'fathom'\]"),
         ({"strategy": "perfedavg", "tune": "fathom", "fathom-step": "lr"},
          r"^run config key 'fathom-step': 'lr' is not a step size perfedavg lets the tuner move; choose one of "

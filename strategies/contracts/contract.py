@@ -93,10 +93,10 @@ class Tunable:
     batch: str = "batch-size"
     other_steps: tuple[str, ...] = ()
 
-    def keys(self, values: Mapping[str, object]) -> tuple[str, str, str]:
-        """``(step, work, batch)`` keys for a run whose settings are ``values`` (every key -> value)."""
+    def keys(self, values: Mapping[str, object]) -> dict[str, str]:
+        """Dimension (``step``, ``work``, ``batch``) -> the key it moves, for a run whose settings are ``values``."""
         work = next((k for k in self.work if float(values[k]) > 0), self.work[-1])
-        return str(values.get("fathom-step") or self.step), work, self.batch
+        return {"step": str(values.get("fathom-step") or self.step), "work": work, "batch": self.batch}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -81,6 +81,8 @@ class FathomSettings(MethodSettings):
                                   f"'fathom-{high.replace('_', '-')}' = {getattr(self, high)}")  # fmt: skip
 
     def check_in(self, settings: Settings) -> None:
+        if self.step not in ("", "lr"):  # as a strategy, FATHOM is FedAvg: its step size is lr
+            raise ConfigError(f"run config key 'fathom-step': strategy 'fathom' tunes lr; got {self.step!r}")
         training = settings.training
         starts = (("lr", training.lr, self.lr_bounds), ("local-epochs", training.local_epochs, self.epochs_bounds),
                   ("batch-size", training.batch_size, self.batch_bounds))  # fmt: skip
