@@ -186,6 +186,24 @@ def ignored_keys_line(ignored: Mapping[str, str]) -> str:
     return f"run config key(s) set but unused by this run, so they change nothing: {shown}"
 
 
+def run_config_from_text(text: str) -> dict[str, object]:
+    """A ``--run-config`` string (``key=value ...``, flwr run's syntax) as a dict, parsed by Flower's own parser.
+
+    Raises
+    ------
+    ConfigError
+        If the text is not in that syntax (Flower's parser raises click's
+        ``ClickException``, whose message names no key).
+
+    """
+    from flwr.common.config import parse_config_args
+
+    try:
+        return parse_config_args([text]) if text.strip() else {}
+    except Exception as err:
+        raise ConfigError(f"--run-config is not in flwr run's `key=value ...` syntax: {text!r}") from err
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m app.config "lr=0.1 strategy='fedavg'"``: check a ``--run-config`` string before submitting it.
 
@@ -196,17 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     """
     import argparse
 
-    from flwr.common.config import parse_config_args
-
     parser = argparse.ArgumentParser(prog="python -m app.config", description=main.__doc__.splitlines()[0])
     parser.add_argument("run_config", nargs="*", help="the --run-config string(s), in flwr run's syntax")
     args = parser.parse_args(argv)
     try:
-        run_config = parse_config_args(args.run_config)
-    except Exception as err:  # Flower's own parser: TOML syntax
-        print(f"error: the run config is not in flwr run's `key=value ...` syntax: {err}")
-        return 1
-    try:
+        run_config = run_config_from_text(" ".join(args.run_config))
         settings = parse_settings(run_config)
         check_on_server(settings)
     except ConfigError as err:

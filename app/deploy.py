@@ -30,9 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flwr.common.config import parse_config_args
-
-from app.config import ConfigError, parse_settings
+from app.config import ConfigError, parse_settings, run_config_from_text
 from app.launcher import FINISHED_OK, RunOutcome, free_port, run_config_text
 
 CONNECTION = "stamen-local"
@@ -412,10 +410,7 @@ def deployment_run_config(text: str, *, results_dir: Path) -> dict[str, object]:
         For text that is not ``key=value ...`` or a key or value stamen refuses.
 
     """
-    try:
-        user = parse_config_args([text]) if text.strip() else {}
-    except Exception as err:  # Flower raises click's ClickException, not a ValueError
-        raise ConfigError(f"--run-config is not in flwr run's `key=value ...` syntax: {text!r}") from err
+    user = run_config_from_text(text)
     # a relative results-dir would land in the SuperLink's working directory, not where the user ran this
     config = {"results-dir": str(results_dir), **user}
     parse_settings(config)
