@@ -98,15 +98,19 @@ class ResultWriter:
         path.write_text(text)
         return str(path)
 
+    def write_summary(self, summary: dict) -> Path:
+        """``<run_dir>/summary.json``: the run's settings, ``summary`` and where the results are."""
+        payload = {"settings": self.settings, **summary, "results-dir": str(self.run_dir)}
+        path = self.run_dir / "summary.json"
+        path.write_text(json.dumps(_jsonable(payload), indent=2) + "\n")
+        return path
+
     def fail(self, summary: dict) -> None:
         """``summary.json`` with ``status`` ``failed`` and the reason, so a failed run is told from a running one."""
-        payload = {"settings": self.settings, **summary, "results-dir": str(self.run_dir)}
-        (self.run_dir / "summary.json").write_text(json.dumps(_jsonable(payload), indent=2) + "\n")
-        log(INFO, "stamen wrote %s (status failed)", self.run_dir / "summary.json")
+        log(INFO, "stamen wrote %s (status failed)", self.write_summary(summary))
 
     def finish(self, summary: dict) -> None:
-        payload = {"settings": self.settings, **summary, "results-dir": str(self.run_dir)}
-        (self.run_dir / "summary.json").write_text(json.dumps(_jsonable(payload), indent=2) + "\n")
+        self.write_summary(summary)
         title = f"{summary.get('strategy')} - {self.run_dir.name}"
         plot_accuracy(self.rounds, self.run_dir / "accuracy.png", title=title)
         written = ["summary.json", "accuracy.png"]
