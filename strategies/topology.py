@@ -93,8 +93,13 @@ def make_graph(
 
 def read_edge_list(path: str | Path, num_agents: int) -> np.ndarray:
     """Adjacency from a file of ``l k`` lines (undirected, 0-based); self-loops are added."""
+    return adjacency_of(_edge_pairs(path), num_agents, path=path)
+
+
+def adjacency_of(pairs: list[tuple[int, int]], num_agents: int, *, path: str | Path) -> np.ndarray:
+    """The adjacency (self-loops included) of the edge list ``pairs`` read from ``path``, on K agents."""
     adjacency = np.eye(num_agents, dtype=bool)
-    for a, b in _edge_pairs(path):
+    for a, b in pairs:
         if not (a < num_agents and b < num_agents):
             raise ValueError(
                 f"diffusion-graph-file {path}: agent {max(a, b)} is outside 0..{num_agents - 1} "
@@ -178,7 +183,7 @@ def check_network_files(settings: DiffusionSettings) -> int | None:
     if settings.graph == "file" and settings.graph_file:
         pairs = _edge_pairs(settings.graph_file)
         implied["diffusion-graph-file"] = max((max(pair) for pair in pairs), default=0) + 1
-        adjacency = read_edge_list(settings.graph_file, implied["diffusion-graph-file"])
+        adjacency = adjacency_of(pairs, implied["diffusion-graph-file"], path=settings.graph_file)
     if settings.combination == "file" and settings.combination_file:
         matrix = read_matrix(settings.combination_file)
         implied["diffusion-combination-file"] = len(matrix)
