@@ -93,6 +93,20 @@ def test_the_tuners_keys_are_not_reported_as_unused():
     assert "fathom-gamma-lr" in ignored_keys(untuned, parse_settings(untuned))
 
 
+def strategy_with_clients(run, count):
+    """A Per-FedAvg strategy from a zero model, and a client manager holding ``count`` stand-in nodes."""
+    strategy = PerFedAvg(settings=run, initial_parameters=ndarrays_to_parameters(zero_model()))
+    manager = SimpleClientManager()
+    proxies = [FakeProxy(str(i)) for i in range(count)]
+    for proxy in proxies:
+        manager.register(proxy)
+    return strategy, manager, proxies
+
+
+def zero_model():
+    return [np.zeros(s, np.float32) for s in SHAPES]
+
+
 def fit_res(value, phi, examples=10):
     arrays = [np.full(s, value, np.float32) for s in SHAPES]
     return FitRes(OK, ndarrays_to_parameters(arrays), examples, {"phi": phi, "train-loss": 1.0})
@@ -100,12 +114,7 @@ def fit_res(value, phi, examples=10):
 
 def test_tuned_per_fedavg_broadcasts_beta_moves_it_by_fathoms_rule_and_rejects_replies_without_phi():
     run = tuned_perfedavg(**{"fathom-gamma-lr": 0.5})
-    start = [np.zeros(s, np.float32) for s in SHAPES]
-    strategy = PerFedAvg(settings=run, initial_parameters=ndarrays_to_parameters(start))
-    manager = SimpleClientManager()
-    proxies = [FakeProxy(str(i)) for i in range(3)]
-    for proxy in proxies:
-        manager.register(proxy)
+    strategy, manager, proxies = strategy_with_clients(run, 3)
     (_, first), *_ = strategy.configure_fit(1, strategy.global_parameters, manager)
     assert first.config["perfedavg-beta"] == 0.05 and first.config["local-steps"] == 4.0
     assert first.config["batch-size"] == 8.0 and first.config["perfedavg-alpha"] == run.method.alpha
@@ -135,7 +144,7 @@ def test_tuned_per_fedavg_broadcasts_beta_moves_it_by_fathoms_rule_and_rejects_r
 
     # a checkpoint keeps the tuner; a resumed strategy broadcasts the same values
     checkpoint = strategy.checkpoint(2)
-    again = PerFedAvg(settings=run, initial_parameters=ndarrays_to_parameters(start))
+    again = PerFedAvg(settings=run, initial_parameters=ndarrays_to_parameters(zero_model()))
     again.resume(checkpoint)
     assert again.fit_config(3) == values
 
@@ -144,12 +153,7 @@ def test_a_tuner_moving_alpha_evaluates_with_the_alpha_in_force_and_records_it()
     run = tuned_perfedavg(**{"fathom-step": "perfedavg-alpha", "perfedavg-alpha": 0.01, "fathom-gamma-lr": 0.5,
                              "eval-every": 1})  # fmt: skip
     assert tuned_keys(run)["step"] == "perfedavg-alpha"
-    start = [np.zeros(s, np.float32) for s in SHAPES]
-    strategy = PerFedAvg(settings=run, initial_parameters=ndarrays_to_parameters(start))
-    manager = SimpleClientManager()
-    proxies = [FakeProxy(str(i)) for i in range(2)]
-    for proxy in proxies:
-        manager.register(proxy)
+    strategy, manager, proxies = strategy_with_clients(run, 2)
     for server_round, value in ((1, 1.0), (2, 0.5)):  # round 2 reverses round 1: H = 1, alpha falls
         (_, ins), *_ = strategy.configure_fit(server_round, strategy.global_parameters, manager)
         assert ins.config["perfedavg-beta"] == run.method.beta  # beta is held
