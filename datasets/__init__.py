@@ -5,6 +5,7 @@ the app directory is on ``sys.path``; never import the HuggingFace package here.
 """
 
 from datasets.base import ArraySource, ClientSplit, DataUnavailableError, NotEnoughDataError
+from datasets.local import USER_DATASETS, LocalDataError, class_counts, parse_classes, parse_shape
 from datasets.partition import PAPER_VARIANTS, PARTITIONERS, PartitionSpec, partition
 from datasets.registry import (
     DATASETS,
@@ -16,6 +17,7 @@ from datasets.registry import (
     DataSpec,
     dataset_shape,
     load_client_data,
+    load_node_data,
     load_partition,
     load_source,
 )
@@ -33,6 +35,12 @@ __all__ = [
     "ClientSplit",
     "DataSpec",
     "DataUnavailableError",
+    "LocalDataError",
+    "USER_DATASETS",
+    "class_counts",
+    "load_node_data",
+    "parse_classes",
+    "parse_shape",
     "dataset_shape",
     "NotEnoughDataError",
     "PartitionSpec",

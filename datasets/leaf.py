@@ -8,29 +8,22 @@ become that user's split, so the partition is the data's own (``natural``).
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
 from datasets.base import ArraySource, DataUnavailableError
+from datasets.cache import cache_dir, fingerprint, load_arrays, store_arrays
 
 FEMNIST_CLASSES = 62
 CACHE_VERSION = 1
 
 
-def cache_dir() -> Path:
-    """Where parsed datasets are kept: ``$STAMEN_CACHE_DIR``, else ``~/.cache/stamen``."""
-    return Path(os.environ.get("STAMEN_CACHE_DIR", Path.home() / ".cache" / "stamen")).expanduser()
-
-
 def _fingerprint(data_dir: Path) -> str:
     """Names, sizes and modification times of the JSON files: a changed file means a new cache entry."""
     files = sorted((data_dir / "train").glob("*.json")) + sorted((data_dir / "test").glob("*.json"))
-    stats = [(str(f.relative_to(data_dir)), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-    return hashlib.sha256(json.dumps([CACHE_VERSION, str(data_dir.resolve()), stats]).encode()).hexdigest()[:20]
+    return fingerprint(data_dir, files, CACHE_VERSION)
 
 
 def _read_leaf_dir(folder: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -85,29 +78,20 @@ def load_femnist(data_dir: Path) -> ArraySource:
     keyed by the files' names, sizes and times; an unwritable cache is skipped.
     """
     cached = cache_dir() / f"femnist-{_fingerprint(data_dir)}.npz" if (data_dir / "train").is_dir() else None
-    if cached is not None and cached.is_file():
-        with np.load(cached) as z:
-            groups = {k: tuple(np.split(np.arange(len(z[f"{k}_y"])), z[f"{k}_bounds"])) for k in ("train", "test")}
-            return ArraySource(name="femnist", train_x=z["train_x"], train_y=z["train_y"], test_x=z["test_x"],
-                               test_y=z["test_y"], num_classes=FEMNIST_CLASSES, train_groups=groups["train"],
-                               test_groups=groups["test"])  # fmt: skip
+    stored = load_arrays(cached) if cached is not None else None
+    if stored is not None:
+        groups = {k: tuple(np.split(np.arange(len(stored[f"{k}_y"])), stored[f"{k}_bounds"]))
+                  for k in ("train", "test")}  # fmt: skip
+        return ArraySource(name="femnist", train_x=stored["train_x"], train_y=stored["train_y"],
+                           test_x=stored["test_x"], test_y=stored["test_y"], num_classes=FEMNIST_CLASSES,
+                           train_groups=groups["train"], test_groups=groups["test"])  # fmt: skip
     source = _parse_femnist(data_dir)
     if cached is not None:
-        _store(cached, source)
+        bounds = {f"{k}_bounds": np.cumsum([len(g) for g in groups])[:-1]
+                  for k, groups in (("train", source.train_groups), ("test", source.test_groups))}  # fmt: skip
+        store_arrays(cached, {"train_x": source.train_x, "train_y": source.train_y, "test_x": source.test_x,
+                              "test_y": source.test_y, **bounds})  # fmt: skip
     return source
-
-
-def _store(path: Path, source: ArraySource) -> None:
-    bounds = {f"{k}_bounds": np.cumsum([len(g) for g in groups])[:-1]
-              for k, groups in (("train", source.train_groups), ("test", source.test_groups))}  # fmt: skip
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.npz")
-        np.savez(partial, train_x=source.train_x, train_y=source.train_y, test_x=source.test_x,
-                 test_y=source.test_y, **bounds)  # fmt: skip
-        partial.replace(path)  # atomic: concurrent workers never read half a file
-    except OSError:
-        pass  # a read-only home only costs the parsing time again
 
 
 def _parse_femnist(data_dir: Path) -> ArraySource:

@@ -17,15 +17,18 @@ from datasets.embedded import load_mnist_5k
 from datasets.leaf import FEMNIST_CLASSES, load_femnist
 from datasets.least_squares import DIMENSION as LEAST_SQUARES_DIMENSION
 from datasets.least_squares import make_least_squares
+from datasets.local import USER_DATASETS, load_user_data
 from datasets.partition import PartitionSpec, partition
 from datasets.synthetic import DIMENSION as SYNTHETIC_DIMENSION
 from datasets.synthetic import NUM_CLASSES as SYNTHETIC_CLASSES
 from datasets.synthetic import make_synthetic
 from datasets.torchvision_sources import EMNIST_CLASSES, load_cifar10, load_mnist_family
 
-DATASETS = ("mnist-5k", "mnist", "fashion-mnist", "emnist", "cifar10", "femnist", "synthetic", "least-squares")
+DATASETS = ("mnist-5k", "mnist", "fashion-mnist", "emnist", "cifar10", "femnist", "synthetic", "least-squares",
+            *USER_DATASETS)  # fmt: skip
 GENERATED = ("synthetic", "least-squares")  # one generated user per partition
 NATURAL = ("femnist", "synthetic", "least-squares")  # data with its own users (the natural partitioner)
+# a user's own data (USER_DATASETS) may come from each deployed node's own data-dir instead
 NEEDS_DATA_DIR = ("mnist", "fashion-mnist", "emnist", "cifar10", "femnist")
 EMNIST_SPLITS = tuple(EMNIST_CLASSES)
 
@@ -36,6 +39,8 @@ class DataSpec:
 
     ``num_users`` matters only for the generated datasets (``synthetic``,
     ``least-squares``: one user per client); ``seed`` seeds their generator.
+    ``classes`` (names in label order) and ``input_shape`` describe a user's own
+    data (``imagefolder``, ``npz``).
     """
 
     name: str
@@ -46,6 +51,8 @@ class DataSpec:
     synthetic_beta: float = 1.0
     num_users: int = 0
     seed: int = 0
+    classes: tuple[str, ...] = ()
+    input_shape: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,6 +76,8 @@ def dataset_shape(spec: DataSpec) -> tuple[tuple[int, ...], int]:
         raise ValueError(f"dataset {spec.name!r} is not one of {DATASETS}")
     if spec.name == "synthetic":
         return (SYNTHETIC_DIMENSION,), SYNTHETIC_CLASSES
+    if spec.name in USER_DATASETS:
+        return spec.input_shape, len(spec.classes)
     if spec.name == "least-squares":
         return (LEAST_SQUARES_DIMENSION,), 0  # regression: no classes
     if spec.name == "cifar10":
@@ -100,6 +109,8 @@ def load_source(spec: DataSpec) -> ArraySource:
     folder = Path(spec.data_dir).expanduser().resolve()
     if spec.name == "femnist":
         return load_femnist(folder)
+    if spec.name in USER_DATASETS:
+        return load_user_data(spec.name, folder, spec.classes, spec.input_shape)
     if spec.name == "cifar10":
         return load_cifar10(folder, download=spec.download)
     return load_mnist_family(spec.name, folder, download=spec.download, emnist_split=spec.emnist_split)
@@ -109,6 +120,16 @@ def load_source(spec: DataSpec) -> ArraySource:
 def load_partition(data: DataSpec, split: PartitionSpec) -> tuple[ClientSplit, ...]:
     """Partition (once per process) the source for every client."""
     return partition(load_source(data), split)
+
+
+def load_node_data(data: DataSpec, data_dir: str) -> ClientData:
+    """A deployed device's own data: all of ``data_dir`` (its ``train`` and ``test``), in ``data``'s format."""
+    if data.name not in USER_DATASETS:
+        raise ValueError(f"a node's own data-dir needs run config dataset one of {list(USER_DATASETS)} (which names "
+                         f"the classes and input shape); dataset is {data.name!r}")  # fmt: skip
+    source = load_user_data(data.name, Path(data_dir), data.classes, data.input_shape)
+    return ClientData(train_x=source.train_x, train_y=source.train_y, test_x=source.test_x, test_y=source.test_y,
+                      num_classes=source.num_classes)  # fmt: skip
 
 
 def load_client_data(data: DataSpec, split: PartitionSpec, partition_id: int) -> ClientData:

@@ -17,8 +17,11 @@ from datasets import (
     NEEDS_DATA_DIR,
     PAPER_VARIANTS,
     PARTITIONERS,
+    USER_DATASETS,
     DataSpec,
     PartitionSpec,
+    parse_classes,
+    parse_shape,
 )
 from strategies.contracts.contract import MethodSettings, Metric
 from strategies.contracts.keys import ConfigError, KeyedSettings, key
@@ -41,8 +44,13 @@ TRAIN_LOSS, LOCAL_STEPS, GRAD_EVALS, HVP_EVALS, SAMPLE_GRADS = (
     "train-loss", "local-steps", "grad-evals", "hvp-evals", "sample-grads")  # fmt: skip
 ACCURACY, GLOBAL_ACCURACY, GLOBAL_LOSS = "accuracy", "global-accuracy", "global-loss"
 PARTITION_ID, NUM_PARTITIONS = "partition-id", "num-partitions"
-# A node that cannot build its client answers the preflight with these properties (clients/unavailable.py).
-PREFLIGHT_ERROR, PREFLIGHT_DETAIL = "preflight-error", "preflight-detail"
+# A node that cannot build its client answers the preflight with these properties (clients/unavailable.py);
+# scope "node" means the fault is in that node's own data (the run goes on without it), else in the run.
+PREFLIGHT_ERROR, PREFLIGHT_DETAIL, PREFLIGHT_SCOPE = "preflight-error", "preflight-detail", "preflight-scope"
+# What every node reports of its data: its own data-dir (deployed devices), sizes, and "index:count ..." per split.
+DATA_DIR, NUM_TRAIN, NUM_TEST = "data-dir", "num-train", "num-test"
+TRAIN_CLASSES, TEST_CLASSES = "train-classes", "test-classes"
+SMALL_BATCH = "small-batch"  # 1 when a batch size exceeded the client's training set and min(b, n) was used
 
 FIT_METRICS = (
     Metric(TRAIN_LOSS, "mean training loss over the local steps", 0.0, MAX_REASONABLE_LOSS),
@@ -50,6 +58,8 @@ FIT_METRICS = (
     Metric(GRAD_EVALS, "mini-batch gradient evaluations", 0.0, total=GRAD_EVALS),
     Metric(HVP_EVALS, "Hessian-vector products", 0.0, total=HVP_EVALS),
     Metric(SAMPLE_GRADS, "per-example gradients", 0.0, total=SAMPLE_GRADS),
+    Metric(SMALL_BATCH, "1 if a batch size exceeded the training set and min(b, n) examples were used", 0.0, 1.0,
+           total="clients-small-batch"),
     Metric(PARTITION_ID, "the client's partition", 0.0),
 )
 EVALUATE_METRICS = (
@@ -103,8 +113,22 @@ class DataSettings(KeyedSettings):
     test_fraction: float = key(0.2, "per-client held-out share for data without a test set", above=0, below=1)
     synthetic_alpha: float = key(1.0, "synthetic, least-squares: how much the local models differ", at_least=0)
     synthetic_beta: float = key(1.0, "synthetic, least-squares: how much the local inputs differ", at_least=0)
+    classes: str = key("", "imagefolder, npz: the class names in label order (\"cat,dog,...\"), or a count (\"10\": "
+                       "labels and folders 0-9); a folder's label is its name's place here")  # fmt: skip
+    input_shape: str = key("", "imagefolder, npz: one example's shape, CxHxW (\"1x28x28\", \"3x32x32\") or a feature "
+                           "count")  # fmt: skip
 
     def check(self) -> None:
+        if self.dataset in USER_DATASETS:
+            for name, text, parse in (("classes", self.classes, parse_classes),
+                                      ("input-shape", self.input_shape, parse_shape)):  # fmt: skip
+                if not text:
+                    raise ConfigError(f"run config key {name!r} must be set for dataset {self.dataset!r} (see "
+                                      "docs/configuration.md)")  # fmt: skip
+                try:
+                    parse(text)
+                except ValueError as err:
+                    raise ConfigError(f"run config key {name!r}: {err}") from err
         if self.dataset in NEEDS_DATA_DIR and not self.data_dir:
             raise ConfigError(f"run config key 'data-dir' must be set for dataset {self.dataset!r} "
                               "(a folder with its files)")  # fmt: skip
@@ -126,6 +150,8 @@ DATA_KEY_SCOPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "paper-variant": ("partitioner", ("perfedavg-paper",)),
     "dirichlet-concentration": ("partitioner", ("dirichlet",)),
     "classes-per-client": ("partitioner", ("shards",)),
+    "classes": ("dataset", USER_DATASETS),
+    "input-shape": ("dataset", USER_DATASETS),
 }
 # The local-training keys a method may or may not read; its contract's ``uses`` says which it does.
 LOCAL_TRAINING_KEYS = ("lr", "local-steps", "local-epochs", "batch-size")
@@ -147,6 +173,8 @@ class TrainingSettings(KeyedSettings):
                           at_least=0)  # fmt: skip
     adapt_batch_size: int = key(10, "their batch size (0: the client's whole training set)", at_least=0,
                                 at_most=MAX_BATCH)  # fmt: skip
+    strict_batches: bool = key(False, "refuse (in the preflight) a client whose training set is smaller than a batch "
+                               "size; by default such a client trains on min(b, n) examples per batch")  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,7 +236,9 @@ class Settings:
         return DataSpec(name=data.dataset, data_dir=data.data_dir, download=data.download,
                         emnist_split=data.emnist_split, synthetic_alpha=data.synthetic_alpha,
                         synthetic_beta=data.synthetic_beta, seed=self.run.seed,
-                        num_users=num_partitions if data.dataset in GENERATED else 0)  # fmt: skip
+                        num_users=num_partitions if data.dataset in GENERATED else 0,
+                        classes=parse_classes(data.classes) if data.dataset in USER_DATASETS else (),
+                        input_shape=parse_shape(data.input_shape) if data.dataset in USER_DATASETS else ())  # fmt: skip
 
     def partition_spec(self, num_partitions: int) -> PartitionSpec:
         """How the source is split for ``num_partitions`` clients."""

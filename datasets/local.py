@@ -1,0 +1,231 @@
+"""A user's own data: an image folder or an ``.npz`` file, labelled by class *name*.
+
+Two layouts are read:
+
+- ``imagefolder``: ``<root>/train/<class>/*.png|jpg|jpeg`` and ``<root>/test/<class>/...``,
+  read with torchvision's ``ImageFolder``;
+- ``npz``: one ``.npz`` file (``<root>`` itself, or the only ``*.npz`` in the folder)
+  with ``x_train``, ``y_train``, ``x_test``, ``y_test``.
+
+The run config names the classes in order (``classes``) and the input shape
+(``input-shape``). A folder's class is found by its name in that list, never by
+the order of the folders a device happens to have: a device that lacks a class
+would otherwise shift every label after it. Every problem is a
+:class:`LocalDataError` that names the folder or file.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from datasets.base import ArraySource, DataUnavailableError
+from datasets.cache import cache_dir, fingerprint, load_arrays, store_arrays
+
+USER_DATASETS = ("imagefolder", "npz")
+SPLITS = ("train", "test")
+CACHE_VERSION = 1
+
+
+class LocalDataError(DataUnavailableError):
+    """A problem with one device's (or one folder's) own data; the message names the folder or file."""
+
+
+def parse_classes(text: str) -> tuple[str, ...]:
+    """The class names in label order: ``"cat,dog"`` -> ``("cat", "dog")``; a count ``"3"`` -> ``("0", "1", "2")``.
+
+    Raises
+    ------
+    ValueError
+        For an empty list, an empty or repeated name, or a count below 1.
+
+    """
+    text = text.strip()
+    if text.isdigit():
+        if int(text) < 1:
+            raise ValueError(f"{text!r} is not a class count of at least 1")
+        return tuple(str(i) for i in range(int(text)))
+    names = tuple(name.strip() for name in text.split(","))
+    if not text or any(not name for name in names):
+        raise ValueError(f"{text!r} is not a comma-separated list of class names (or a count)")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"{text!r} names {repeated} more than once")
+    return names
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"1x28x28"`` -> ``(1, 28, 28)`` (channels, height, width); ``"60"`` -> ``(60,)`` (feature vectors).
+
+    Raises
+    ------
+    ValueError
+        For anything but one or three positive integers joined by ``x``.
+
+    """
+    parts = text.strip().lower().split("x")
+    if len(parts) not in (1, 3) or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"{text!r} is not CxHxW (e.g. 1x28x28 or 3x32x32) or a feature count")
+    return tuple(int(p) for p in parts)
+
+
+def load_user_data(kind: str, root: Path, classes: tuple[str, ...], input_shape: tuple[int, ...]) -> ArraySource:
+    """The whole of ``root`` (train and test) as arrays, labels indexed by ``classes``.
+
+    Decoded arrays are kept per process and on disk (:mod:`datasets.cache`), keyed
+    by the files' names, sizes and times, the classes and the shape.
+
+    Raises
+    ------
+    LocalDataError
+        Naming the folder or file: a missing layout, an unknown class, an unreadable
+        or wrongly sized image, a missing array, an empty split.
+
+    """
+    if kind not in USER_DATASETS:
+        raise ValueError(f"dataset {kind!r} is not one of {USER_DATASETS}")
+    root = Path(root).expanduser().resolve()
+    if kind == "imagefolder":
+        return _load_image_folder(root, tuple(classes), tuple(input_shape))
+    return _load_npz(_npz_file(root), tuple(classes), tuple(input_shape))
+
+
+def class_counts(labels: np.ndarray, num_classes: int) -> dict[int, int]:
+    """``{class index: examples}`` for the classes present in ``labels``."""
+    counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=num_classes)
+    return {int(c): int(n) for c, n in enumerate(counts) if n}
+
+
+# ---------------------------------------------------------------- image folders
+
+
+def _image_files(root: Path) -> list[Path]:
+    from torchvision.datasets.folder import IMG_EXTENSIONS  # torchvision is imported only where images are read
+
+    return sorted(p for split in SPLITS for p in (root / split).rglob("*") if p.suffix.lower() in IMG_EXTENSIONS)
+
+
+def _load_image_folder(root: Path, classes: tuple[str, ...], shape: tuple[int, ...]) -> ArraySource:
+    for split in SPLITS:
+        if not (root / split).is_dir():
+            raise LocalDataError(f"image folder {root} has no {split}/ folder; expected {root}/train/<class>/*.png "
+                                 f"and {root}/test/<class>/*.png")  # fmt: skip
+    if len(shape) != 3 or shape[0] not in (1, 3):
+        raise LocalDataError(f"image folder {root}: input-shape {'x'.join(map(str, shape))} is not CxHxW with C 1 "
+                             "(grey) or 3 (RGB)")  # fmt: skip
+    return _cached_images(root, classes, shape, fingerprint(root, _image_files(root), CACHE_VERSION, classes, shape))
+
+
+@lru_cache(maxsize=8)
+def _cached_images(root: Path, classes: tuple[str, ...], shape: tuple[int, ...], key: str) -> ArraySource:
+    path = cache_dir() / f"imagefolder-{key}.npz"
+    stored = load_arrays(path)
+    if stored is None:
+        stored = {}
+        for split in SPLITS:
+            stored[f"x_{split}"], stored[f"y_{split}"] = _decode_split(root / split, classes, shape)
+        store_arrays(path, stored)
+    return ArraySource(name="imagefolder", train_x=stored["x_train"], train_y=stored["y_train"],
+                       test_x=stored["x_test"], test_y=stored["y_test"], num_classes=len(classes))  # fmt: skip
+
+
+def _decode_split(folder: Path, classes: tuple[str, ...], shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Every image of ``folder/<class>/`` as uint8 ``(N, C, H, W)`` and its class index by name."""
+    from PIL import Image, UnidentifiedImageError
+    from torchvision.datasets import ImageFolder
+
+    index = {name: i for i, name in enumerate(classes)}
+
+    class ByName(ImageFolder):
+        # ImageFolder numbers the folders present in sorted order; here a folder's number is its
+        # class's place in the run config's list, whichever folders this device has
+        def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
+            present = sorted(entry.name for entry in Path(directory).iterdir() if entry.is_dir())
+            unknown = [name for name in present if name not in index]
+            if unknown:
+                raise LocalDataError(f"class folder {Path(directory) / unknown[0]} is not among the run config's "
+                                     f"classes {list(classes)} (key 'classes'); rename or remove it")  # fmt: skip
+            return present, {name: index[name] for name in present}
+
+    try:
+        folder_set = ByName(str(folder), allow_empty=True)
+    except LocalDataError:
+        raise
+    except FileNotFoundError as err:
+        raise LocalDataError(f"image folder {folder}: {err}") from err
+    if not folder_set.samples:
+        raise LocalDataError(f"image folder {folder} holds no images (expected {folder}/<class>/*.png or *.jpg)")
+    channels, height, width = shape
+    mode = "L" if channels == 1 else "RGB"
+    images = np.empty((len(folder_set.samples), channels, height, width), dtype=np.uint8)
+    for i, (path, _) in enumerate(folder_set.samples):
+        try:
+            with Image.open(path) as image:
+                pixels = np.asarray(image.convert(mode))
+        except (UnidentifiedImageError, OSError, ValueError) as err:
+            raise LocalDataError(f"image {path} cannot be read ({type(err).__name__}: {err})") from err
+        if pixels.shape[:2] != (height, width):
+            raise LocalDataError(f"image {path} is {pixels.shape[1]}x{pixels.shape[0]} pixels (width x height); "
+                                 f"input-shape asks for {width}x{height}")  # fmt: skip
+        images[i] = pixels.reshape(height, width, channels).transpose(2, 0, 1)
+    return images, np.asarray(folder_set.targets, dtype=np.int64)
+
+
+# ------------------------------------------------------------------------ .npz
+
+
+def _npz_file(root: Path) -> Path:
+    if root.is_file():
+        return root
+    found = sorted(root.glob("*.npz")) if root.is_dir() else []
+    if len(found) != 1:
+        what = "does not exist" if not root.exists() else f"holds {len(found)} .npz files, not one"
+        raise LocalDataError(f"npz data {root} {what}; give the .npz file itself or a folder holding only it")
+    return found[0]
+
+
+def _load_npz(path: Path, classes: tuple[str, ...], shape: tuple[int, ...]) -> ArraySource:
+    return _cached_npz(path, classes, shape, fingerprint(path.parent, [path], CACHE_VERSION))
+
+
+@lru_cache(maxsize=8)
+def _cached_npz(path: Path, classes: tuple[str, ...], shape: tuple[int, ...], key: str) -> ArraySource:
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in stored.files]
+            if missing:
+                raise LocalDataError(f"npz file {path} lacks {missing}; it needs x_train, y_train, x_test, y_test")
+            arrays = {k: stored[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+    except (OSError, ValueError) as err:
+        raise LocalDataError(f"npz file {path} cannot be read ({err})") from err
+    split = {name: _npz_split(path, name, arrays[f"x_{name}"], arrays[f"y_{name}"], classes, shape) for name in SPLITS}
+    return ArraySource(name="npz", train_x=split["train"][0], train_y=split["train"][1], test_x=split["test"][0],
+                       test_y=split["test"][1], num_classes=len(classes))  # fmt: skip
+
+
+def _npz_split(
+    path: Path, split: str, x: np.ndarray, y: np.ndarray, classes: tuple[str, ...], shape: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    if len(y) == 0:
+        raise LocalDataError(f"npz file {path}: y_{split} is empty")
+    if len(x) != len(y):
+        raise LocalDataError(f"npz file {path}: x_{split} has {len(x)} examples, y_{split} {len(y)}")
+    example = tuple(x.shape[1:])
+    if example != shape and not (len(shape) == 3 and shape[0] == 1 and example == shape[1:]):
+        raise LocalDataError(f"npz file {path}: x_{split} examples have shape {example}; input-shape asks for "
+                             f"{'x'.join(map(str, shape))}")  # fmt: skip
+    x = x.reshape(len(x), *shape)
+    x = x if x.dtype == np.uint8 else x.astype(np.float32)
+    if y.dtype.kind in "US":  # labels by name
+        index = {name: i for i, name in enumerate(classes)}
+        unknown = sorted({str(v) for v in y} - set(index))
+        if unknown:
+            raise LocalDataError(f"npz file {path}: y_{split} holds labels {unknown[:5]} that are not among the run "
+                                 f"config's classes {list(classes)} (key 'classes')")  # fmt: skip
+        return x, np.asarray([index[str(v)] for v in y], dtype=np.int64)
+    if y.dtype.kind not in "iu" or y.min() < 0 or y.max() >= len(classes):
+        raise LocalDataError(f"npz file {path}: y_{split} must hold class indices in [0, {len(classes)}) or class "
+                             f"names; got {y.dtype} values from {y.min()} to {y.max()}")  # fmt: skip
+    return x, y.astype(np.int64)
