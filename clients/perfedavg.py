@@ -10,7 +10,7 @@ from clients.base import TorchClient
 from clients.meta import meta_direction
 from clients.training import Batch, TrainReport, batches_of, train_steps
 from strategies.contracts.common import TrainingSettings
-from strategies.contracts.perfedavg import CONTRACT, PerFedAvgSettings, check_batches
+from strategies.contracts.perfedavg import CONTRACT, PerFedAvgSettings
 
 
 class PerFedAvgClient(TorchClient):
@@ -19,15 +19,15 @@ class PerFedAvgClient(TorchClient):
     Each of the ``local-steps`` (tau) updates draws three independent batches D, D',
     D'' of sizes ``batch-size``, ``perfedavg-outer-batch-size`` and
     ``perfedavg-hessian-batch-size`` from the client's training data (each without
-    replacement; they may overlap one another), estimates the meta-gradient with
+    replacement, at most all n examples; they may overlap one another), estimates the meta-gradient with
     ``perfedavg-variant`` and steps ``w <- w - beta * direction``. Evaluation is the
     shared personalised protocol (the server sends alpha as the adaptation step).
     """
 
     contract = CONTRACT
 
-    def check(self, training: TrainingSettings, method: PerFedAvgSettings) -> None:
-        check_batches(method, training.batch_size, len(self.train_y))
+    def batch_sizes(self, training: TrainingSettings, method: PerFedAvgSettings) -> dict[str, int]:
+        return method.batch_sizes(training.batch_size)
 
     def local_train(
         self, training: TrainingSettings, method: PerFedAvgSettings, rng: np.random.Generator
@@ -39,8 +39,11 @@ class PerFedAvgClient(TorchClient):
                            direction=direction, on_step=self.watched())  # fmt: skip
 
     def meta_batches(self, sizes: tuple[int, ...], steps: int, rng: np.random.Generator) -> Iterator[tuple[Batch, ...]]:
-        """``steps`` triples (D, D', D''), each batch drawn without replacement, independently of the others."""
+        """``steps`` triples (D, D', D''), each batch drawn without replacement, independently of the others.
+
+        A batch larger than the training set takes all of it (min(b, n); ``strict-batches`` refuses instead).
+        """
         num = len(self.train_y)
         for _ in range(steps):
-            indices = [rng.choice(num, size, replace=False) for size in sizes]
+            indices = [rng.choice(num, min(size, num), replace=False) for size in sizes]
             yield tuple(batches_of(self.train_x, self.train_y, indices))

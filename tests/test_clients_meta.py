@@ -172,12 +172,32 @@ def test_one_local_step_on_a_linear_model_matches_a_hand_computation(variant):
     assert metrics["sample-grads"] == {"fo": 12, "hf": 24, "so": 18}[variant]
 
 
-def test_client_refuses_batches_larger_than_its_data_before_training():
-    data = ClientData(np.zeros((5, 2), np.float32), np.zeros(5, np.int64), np.zeros((2, 2), np.float32),
-                      np.zeros(2, np.int64), num_classes=2)  # fmt: skip
-    run = settings(batch_size=5, perfedavg_outer_batch_size=6, device="cpu", model="logreg")
-    model = build_model("logreg", input_shape=(2,), num_classes=2)
-    client = PerFedAvgClient(model=model, data=data, settings=run, partition_id=0)
+def small_client(**overrides):
+    data = ClientData(np.arange(10, dtype=np.float32).reshape(5, 2), np.array([0, 1, 0, 1, 1]),
+                      np.zeros((2, 2), np.float32), np.zeros(2, np.int64), num_classes=2)  # fmt: skip
+    run = settings(**{"batch_size": 5, "perfedavg_outer_batch_size": 6, "device": "cpu", "model": "logreg",
+                      "local_steps": 1, **overrides})  # fmt: skip
+    return PerFedAvgClient(model=build_model("logreg", input_shape=(2,), num_classes=2), data=data, settings=run,
+                           partition_id=0)  # fmt: skip
+
+
+def test_batches_larger_than_the_data_take_all_of_it_and_are_counted():
+    # D, D', D'' of 5, 6 and 10 on 5 examples: every batch is the whole set, so the step is the full-batch
+    # meta-gradient, the same as with sizes 5, 5, 5 (whose batches are the whole set too)
+    start = small_client().get_parameters({})
+    big = small_client(perfedavg_hessian_batch_size=10)
+    params, _, metrics = big.fit([a.copy() for a in start], {"server-round": 1})
+    exact, _, exact_metrics = small_client(perfedavg_outer_batch_size=5, perfedavg_hessian_batch_size=5).fit(
+        [a.copy() for a in start], {"server-round": 1})
+    for ours, theirs in zip(params, exact, strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+    assert metrics["small-batch"] == 1 and exact_metrics["small-batch"] == 0
+    assert metrics["sample-grads"] == 5 + 5 + 2 * 5  # hf: D, D' and D'' twice, each of the 5 examples
+    assert "preflight-error" not in big.get_properties({"perfedavg-outer-batch-size": 40})
+
+
+def test_strict_batches_refuses_batches_larger_than_the_data_before_training():
+    client = small_client(strict_batches=True)
     before = client.get_parameters({})
     with pytest.raises(ValueError, match=r"perfedavg-outer-batch-size 6 must be in \[1, 5\]"):
         client.fit(before, {})
@@ -185,7 +205,9 @@ def test_client_refuses_batches_larger_than_its_data_before_training():
     answer = client.get_properties({"perfedavg-outer-batch-size": 5, "perfedavg-hessian-batch-size": 9})
     assert answer["preflight-error"].startswith("perfedavg-hessian-batch-size 9 must be in [1, 5]")
     assert answer["partition-id"] == 0 and "Traceback" in answer["preflight-detail"]
-    assert client.get_properties({"perfedavg-outer-batch-size": 5, "perfedavg-hessian-batch-size": 5})["num-train"] == 5
+    assert answer["preflight-scope"] == "run"  # a partition of the run's data: the run's config is at fault
+    fine = client.get_properties({"perfedavg-outer-batch-size": 5, "perfedavg-hessian-batch-size": 5})
+    assert fine["num-train"] == 5 and fine["train-classes"] == "0:2 1:3" and "preflight-error" not in fine
 
 
 def test_unknown_variant_in_meta_gradient():

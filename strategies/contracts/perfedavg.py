@@ -36,13 +36,6 @@ class PerFedAvgSettings(MethodSettings):
                 "perfedavg-hessian-batch-size": self.hessian_batch_size}  # fmt: skip
 
 
-def check_batches(settings: PerFedAvgSettings, batch_size: int, num_examples: int) -> None:
-    """Refuse batches larger than a client's data: D, D' and D'' are drawn without replacement."""
-    for name, size in settings.batch_sizes(batch_size).items():
-        if size > num_examples:
-            raise ValueError(f"{name} {size} must be in [1, {num_examples}] (this client's training examples)")
-
-
 CONTRACT = Contract(
     name="perfedavg",
     summary="Per-FedAvg: personalised FL as MAML, with first-order, Hessian-free and exact second-order meta-steps",
