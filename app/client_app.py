@@ -1,6 +1,8 @@
-"""ClientApp: load this node's partition and hand it to the chosen method's client."""
+"""ClientApp: load this node's data (its partition, or its own data-dir) and hand it to the method's client."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from flwr.client import Client, ClientApp
 from flwr.common import Context
@@ -11,20 +13,36 @@ from clients.base import TorchClient
 from clients.models import build_model
 from clients.state import ClientState
 from clients.unavailable import UnavailableClient
-from datasets import load_client_data
+from datasets import USER_DATASETS, load_client_data, load_node_data
 
 
-def partition_of(context: Context) -> tuple[int, int]:
-    """``(partition-id, num-partitions)`` from the node config, with a clear error if absent."""
+@dataclass(frozen=True)
+class NodePlace:
+    """Where a node's data comes from: a partition of the run's dataset, or its own ``data-dir``.
+
+    A deployed device with its own data needs no partition id (-1: the server numbers
+    it); one may still be given, to fix the device's number across runs.
+    """
+
+    partition_id: int
+    num_partitions: int
+    data_dir: str = ""
+
+
+def place_of(context: Context) -> NodePlace:
+    """The node's :class:`NodePlace` from its node config, with a clear error if it names neither."""
+    config = context.node_config
+    data_dir = str(config.get("data-dir", ""))
     try:
-        partition_id = int(context.node_config["partition-id"])
-        num_partitions = int(context.node_config["num-partitions"])
+        if data_dir:
+            return NodePlace(int(config.get("partition-id", -1)), int(config.get("num-partitions", 0)), data_dir)
+        return NodePlace(int(config["partition-id"]), int(config["num-partitions"]))
     except KeyError as err:
         raise ConfigError(
-            f"node config lacks {err}; start each SuperNode with "
-            '--node-config "partition-id=<i> num-partitions=<n>" (the simulation engine sets both)'
+            f"node config lacks {err}; start each SuperNode with --node-config \"data-dir='/its/own/data'\" "
+            '(its own files) or "partition-id=<i> num-partitions=<n>" (a slice of the run\'s dataset; the '
+            "simulation engine sets both)"
         ) from err
-    return partition_id, num_partitions
 
 
 def client_fn(context: Context) -> Client:
@@ -38,21 +56,30 @@ def client_fn(context: Context) -> Client:
     try:
         return build_client(context).to_client()
     except Exception as err:
-        partition = context.node_config.get("partition-id", -1)
-        partitions = context.node_config.get("num-partitions", 0)
-        return UnavailableClient(error=err, partition_id=int(partition), num_partitions=int(partitions)).to_client()
+        config = context.node_config
+        return UnavailableClient(error=err, partition_id=int(config.get("partition-id", -1)),
+                                 num_partitions=int(config.get("num-partitions", 0)),
+                                 data_dir=str(config.get("data-dir", ""))).to_client()  # fmt: skip
 
 
 def build_client(context: Context) -> TorchClient:
     """Build this node's client: settings, data (cached per process), model, and its state across rounds."""
     settings = parse_settings(context.run_config)
-    partition_id, num_partitions = partition_of(context)
-    data = load_client_data(settings.data_spec(num_partitions), settings.partition_spec(num_partitions), partition_id)
+    place = place_of(context)
+    if place.data_dir:
+        data = load_node_data(settings.data_spec(), place.data_dir)
+    elif settings.data.dataset in USER_DATASETS and not settings.data.data_dir:
+        raise ConfigError(f"dataset {settings.data.dataset!r} needs a data-dir: run config key 'data-dir' (one "
+                          "folder split over the clients) or each node's own --node-config data-dir")  # fmt: skip
+    else:
+        spec = settings.data_spec(place.num_partitions)
+        data = load_client_data(spec, settings.partition_spec(place.num_partitions), place.partition_id)
     model = build_model(settings.training.model, input_shape=tuple(data.train_x.shape[1:]),
                         num_classes=data.num_classes, seed=settings.run.seed)  # fmt: skip
     method = METHODS[settings.run.strategy]
-    return method.client(model=model, data=data, settings=settings, partition_id=partition_id,
-                         num_partitions=num_partitions, state=ClientState(context.state, owner=method.contract.name))
+    return method.client(model=model, data=data, settings=settings, partition_id=place.partition_id,
+                         num_partitions=place.num_partitions, data_dir=place.data_dir,
+                         state=ClientState(context.state, owner=method.contract.name))  # fmt: skip
 
 
 app = ClientApp(client_fn=client_fn)

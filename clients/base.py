@@ -27,17 +27,23 @@ from clients.training import (
     train_steps,
 )
 from clients.unavailable import UnavailableClient
-from datasets import ClientData
+from datasets import ClientData, class_counts
 from strategies.contracts.common import (
     ACCURACY,
+    DATA_DIR,
     GLOBAL_ACCURACY,
     GLOBAL_LOSS,
     GRAD_EVALS,
     HVP_EVALS,
     LOCAL_STEPS,
     NUM_PARTITIONS,
+    NUM_TEST,
+    NUM_TRAIN,
     PARTITION_ID,
     SAMPLE_GRADS,
+    SMALL_BATCH,
+    TEST_CLASSES,
+    TRAIN_CLASSES,
     TRAIN_LOSS,
     Settings,
     TrainingSettings,
@@ -93,7 +99,10 @@ class TorchClient(NumPyClient):
         The run's settings; ``settings.method`` is this client's method's.
     partition_id, num_partitions
         This client's partition and how many there are (``get_properties`` reports
-        them; 0 partitions = not known).
+        them; 0 partitions = not known). A device with its own data may have none
+        (-1): the server numbers it and sends the number in every fit and evaluate config.
+    data_dir
+        The device's own data folder, if it has one (reported, and named in its errors).
     state
         What outlives a message (``context.state``); a fresh one by default.
 
@@ -109,6 +118,7 @@ class TorchClient(NumPyClient):
         settings: Settings,
         partition_id: int,
         num_partitions: int = 0,
+        data_dir: str = "",
         state: ClientState | None = None,
     ) -> None:
         if not isinstance(settings.method, self.contract.settings):
@@ -123,6 +133,7 @@ class TorchClient(NumPyClient):
         self.alignment: Alignment | None = None  # a tuned run's phi over this round's steps
         self.partition_id = partition_id
         self.num_partitions = num_partitions
+        self.data_dir = data_dir
         self.state = state if state is not None else ClientState(owner=self.contract.name)
         self.device = torch_device(settings.execution.device)
         self.model = model.to(self.device)
@@ -137,8 +148,28 @@ class TorchClient(NumPyClient):
         """One round of local work from the model the server sent (in ``self.model``)."""
         raise NotImplementedError(f"{type(self).__name__} must define local_train")
 
+    def batch_sizes(self, training: TrainingSettings, method: MethodSettings) -> dict[str, int]:
+        """The round's batch sizes by key (base: ``batch-size``, when the method reads it)."""
+        return {"batch-size": training.batch_size} if "batch-size" in self.contract.uses else {}
+
     def check(self, training: TrainingSettings, method: MethodSettings) -> None:
-        """Raise ``ValueError`` if the round's settings cannot work on this client's data (base: all can)."""
+        """Raise ``ValueError`` if the round's settings cannot work on this client's data.
+
+        The base refuses an empty training set and, under ``strict-batches``, a batch
+        size larger than the training set (otherwise such a batch takes min(b, n)
+        examples). A method that adds rules calls this first.
+        """
+        num = len(self.train_y)
+        if num == 0:
+            raise ValueError(f"this client has no training examples{self._where()}")
+        if training.strict_batches:
+            for name, size in self.batch_sizes(training, method).items():
+                if size > num:
+                    raise ValueError(f"{name} {size} must be in [1, {num}] (this client's training examples"
+                                     f"{self._where()}; strict-batches = true)")  # fmt: skip
+
+    def _where(self) -> str:
+        return f" in {self.data_dir}" if self.data_dir else ""
 
     # ----------------------------------------------------------------- helpers
 
@@ -191,12 +222,18 @@ class TorchClient(NumPyClient):
         A config this client cannot serve is reported as data (``preflight-error``), not
         raised: Flower would print a traceback per client (see ``clients/unavailable.py``).
         """
-        properties = {PARTITION_ID: self.partition_id, NUM_PARTITIONS: self.num_partitions,
-                      "num-train": len(self.train_y), "num-test": len(self.test_y)}  # fmt: skip
+        properties = {PARTITION_ID: self.partition_id, NUM_PARTITIONS: self.num_partitions, DATA_DIR: self.data_dir,
+                      NUM_TRAIN: len(self.train_y), NUM_TEST: len(self.test_y)}  # fmt: skip
+        if not self.train_y.is_floating_point():  # classifiers: which classes this client holds
+            for name, labels in ((TRAIN_CLASSES, self.train_y), (TEST_CLASSES, self.test_y)):
+                counts = class_counts(labels.cpu().numpy(), 0)
+                properties[name] = " ".join(f"{c}:{n}" for c, n in counts.items())
         try:
             self.check(*self.settings_for(config))
         except ValueError as err:
-            report = UnavailableClient(error=err, partition_id=self.partition_id, num_partitions=self.num_partitions)
+            # a device's own data is its own fault: the run goes on without it; a partition's is the run's config
+            report = UnavailableClient(error=err, partition_id=self.partition_id, num_partitions=self.num_partitions,
+                                       data_dir=self.data_dir, scope="node" if self.data_dir else "run")  # fmt: skip
             properties.update(report.get_properties(config))
         return properties
 
@@ -211,10 +248,17 @@ class TorchClient(NumPyClient):
         state = OrderedDict((k, torch.as_tensor(np.asarray(v))) for k, v in zip(keys, parameters, strict=True))
         self.model.load_state_dict(state, strict=True)
 
+    def take_partition(self, config: dict) -> None:
+        """Take the partition number the server sends (a device with its own data learns its number so)."""
+        if PARTITION_ID in config:
+            self.partition_id = int(config[PARTITION_ID])
+
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         self.set_parameters(parameters)
+        self.take_partition(config)
         training, method = self.settings_for(config)
         self.check(training, method)
+        small = any(size > len(self.train_y) for size in self.batch_sizes(training, method).values())
         rng = round_generator(self.seed, self.partition_id, int(config.get("server-round", 0)), "fit")
         self.alignment = Alignment() if self.tuned else None
         report = self.local_train(training, method, rng)
@@ -222,12 +266,13 @@ class TorchClient(NumPyClient):
             report.extra.setdefault(PHI, self.alignment.phi)
         metrics = {TRAIN_LOSS: report.mean_loss, LOCAL_STEPS: report.steps, GRAD_EVALS: report.grad_evals,
                    HVP_EVALS: report.hvp_evals, SAMPLE_GRADS: report.sample_grads, PARTITION_ID: self.partition_id,
-                   **report.extra}  # fmt: skip
+                   SMALL_BATCH: int(small), **report.extra}  # fmt: skip
         return self.get_parameters({}), len(self.train_y), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
         """Personalised evaluation: adapt a copy on own training data, test on own test split."""
         self.set_parameters(parameters)
+        self.take_partition(config)
         training, _ = self.settings_for(config)
         rng = round_generator(self.seed, self.partition_id, int(config.get("server-round", 0)), "evaluate")
         result = personalised_evaluation(

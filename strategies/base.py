@@ -50,10 +50,10 @@ from flwr.server.strategy import Strategy
 
 from strategies.aggregation import weighted_average_inplace
 from strategies.checkpoint import Checkpoint, CheckpointError, arrays_of_model, check_shapes, model_arrays
-from strategies.contracts.common import EVALUATE_METRICS, FIT_METRICS, Settings
+from strategies.contracts.common import EVALUATE_METRICS, FIT_METRICS, PARTITION_ID, Settings
 from strategies.contracts.contract import Contract
 from strategies.contracts.fedavg import CONTRACT as FEDAVG
-from strategies.nodes import NodeDirectory, PreflightError
+from strategies.nodes import NodeDirectory, PreflightError, data_lines
 from strategies.recorder import NullRecorder, Recorder
 from strategies.records import evaluation_summary, fit_totals, progress_line, run_summary, summary_line
 from strategies.sampling import sample_partitions, sample_size
@@ -190,20 +190,33 @@ class FederatedStrategy(Strategy):
         """Wait for ``min-available-clients``, run the preflight, then :meth:`start`.
 
         A failed preflight logs one line per cause and where the clients' tracebacks
-        went, then stops the run.
+        went, then stops the run. Nodes left out for faults in their own data are
+        logged the same way, and the run goes on with the others. Every admitted
+        node's data (examples per split and class) is logged and kept for ``summary.json``.
         """
         self.nodes.wait_for(client_manager, self.settings.run.min_available_clients)
         if self.settings.run.preflight:
             try:
-                self.nodes.preflight(client_manager, self.fit_config(0))
+                left_out = self.nodes.preflight(client_manager, self.fit_config(0))
             except PreflightError as err:
-                where = self.recorder.save_text(PREFLIGHT_LOG, err.detail)
-                for line in err.lines:
-                    log(ERROR, "preflight: %s", line)
-                log(ERROR, "preflight: the clients' full reports are in %s", where)
+                self._log_preflight(err, ERROR, "")
                 raise
+            if left_out is not None:
+                self._log_preflight(left_out, WARNING, "left out: ")
+            for line in data_lines(self.nodes.data_report(self.class_names())):
+                log(INFO, "preflight: %s", line)
         self.start()
         return self.global_parameters
+
+    def _log_preflight(self, err: PreflightError, level: int, prefix: str) -> None:
+        where = self.recorder.save_text(PREFLIGHT_LOG, err.detail)
+        for line in err.lines:
+            log(level, "preflight: %s%s", prefix, line)
+        log(level, "preflight: the clients' full reports are in %s", where)
+
+    def class_names(self) -> tuple[str, ...]:
+        """The run's class names where it names them (a user's own data), else none (classes go by index)."""
+        return self.settings.data_spec().classes
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -214,7 +227,8 @@ class FederatedStrategy(Strategy):
         nodes = self.nodes.connected(client_manager)
         chosen = self.sample_fit(server_round, sorted(nodes))
         self.record.update({"clients-sampled": len(chosen), "fit-partitions": chosen})
-        return [(nodes[p], FitIns(self.parameters_for(p), config)) for p in chosen]
+        # each node is told its partition: a device with its own data learns its number so
+        return [(nodes[p], FitIns(self.parameters_for(p), {**config, PARTITION_ID: p})) for p in chosen]
 
     def aggregate_fit(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
@@ -253,7 +267,7 @@ class FederatedStrategy(Strategy):
         chosen = self.sample_evaluate(server_round, sorted(nodes))
         config = {**self.evaluate_config(), "server-round": server_round}
         self.record["eval-adapt-lr"] = config.get("adapt-lr")  # the test-time step in force, which a tuner may move
-        return [(nodes[p], EvaluateIns(self.parameters_for(p), config)) for p in chosen]
+        return [(nodes[p], EvaluateIns(self.parameters_for(p), {**config, PARTITION_ID: p})) for p in chosen]
 
     def aggregate_evaluate(
         self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures
@@ -321,15 +335,22 @@ class FederatedStrategy(Strategy):
             self.recorder.save_checkpoint(self.checkpoint(server_round))
         if server_round == self.num_rounds:
             self.finish()
-            summary = {**run_summary(self.history, self.name), "status": "completed"}
+            summary = {**run_summary(self.history, self.name), "status": "completed", **self.node_summary()}
             self.recorder.finish(summary)
             log(INFO, "final: %s", summary_line(summary))
 
     def fail(self, reason: str) -> None:
         """End the run as failed: the records so far stay, and the summary says why (``status`` ``failed``)."""
-        summary = {**run_summary(self.history, self.name), "status": "failed", "reason": reason}
+        summary = {**run_summary(self.history, self.name), "status": "failed", "reason": reason, **self.node_summary()}
         self.recorder.fail(summary)
         log(ERROR, "stamen: the run failed after %d completed round(s): %s", len(self.history), reason)
+
+    def node_summary(self) -> dict[str, object]:
+        """``summary.json``'s entries on the nodes: each admitted node's data, and those left out (node id -> why)."""
+        out: dict[str, object] = {"nodes": self.nodes.data_report(self.class_names())}
+        if self.nodes.excluded:
+            out["nodes-left-out"] = dict(self.nodes.excluded)
+        return out
 
     def _sample(self, server_round: int, partitions: list[int], fraction: float, purpose: str) -> list[int]:
         minimum = self.settings.run.min_fit_clients

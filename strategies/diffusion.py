@@ -49,6 +49,8 @@ class Diffusion(FederatedStrategy):
     def start(self) -> None:
         """Build the network for the clients' number of partitions; every agent starts at w_0."""
         counts = {int(p.get(NUM_PARTITIONS, 0)) for p in self.nodes.properties.values()}
+        if counts == {0}:  # devices with their own data, numbered 0 to K-1 by the server: one agent each
+            counts = {len(self.nodes.properties)}
         if len(counts) != 1 or min(counts) < 1:
             raise RuntimeError(f"diffusion needs every node to report the same num-partitions; got {sorted(counts)}")
         num_agents = counts.pop()

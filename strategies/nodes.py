@@ -4,6 +4,12 @@ The server sees node ids only (random 64-bit numbers); the partition a node serv
 lives in its ``node_config``. Each node is asked for its properties once (with the
 first round's fit config in the preflight, so it also checks that config against
 its data) and the answer is cached for the run.
+
+A deployed device with its own data (``--node-config "data-dir=..."``) may have no
+partition number: the server numbers such nodes after the numbered ones, in the order
+of their data-dir (then node id), and sends each its number in every instruction. A
+node whose own data is at fault (scope ``node``) is left out of the run with its
+reason logged; any other fault stops the run.
 """
 
 from __future__ import annotations
@@ -16,18 +22,33 @@ from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from strategies.contracts.common import PARTITION_ID, PREFLIGHT_DETAIL, PREFLIGHT_ERROR
+from strategies.contracts.common import (
+    DATA_DIR,
+    NUM_TEST,
+    NUM_TRAIN,
+    PARTITION_ID,
+    PREFLIGHT_DETAIL,
+    PREFLIGHT_ERROR,
+    PREFLIGHT_SCOPE,
+    TEST_CLASSES,
+    TRAIN_CLASSES,
+)
 
 WAIT_S = 600  # how long to wait for nodes to connect
 REPLY_S = 300  # a node that has not answered by then counts as unable to start
 WORKERS = 8
+LISTED_NODES = 10  # the preflight logs one line per node up to this many, else a summary line
 
 
 class NodeDirectory:
-    """Node id -> the properties it reported (``partition-id``, ``num-partitions``, data sizes)."""
+    """Node id -> the properties it reported (``partition-id``, ``num-partitions``, data sizes and classes).
+
+    ``excluded`` holds the nodes left out of the run (node id -> why).
+    """
 
     def __init__(self) -> None:
         self.properties: dict[str, dict[str, Scalar]] = {}
+        self.excluded: dict[str, str] = {}
 
     def wait_for(self, client_manager: ClientManager, count: int) -> None:
         """Wait (up to ``WAIT_S``) until ``count`` nodes are connected; go on with fewer, with a warning."""
@@ -35,51 +56,85 @@ class NodeDirectory:
             log(WARNING, "only %d of the %d nodes asked for connected within %d s; going on with them",
                 client_manager.num_available(), count, WAIT_S)  # fmt: skip
 
-    def preflight(self, client_manager: ClientManager, config: dict[str, Scalar]) -> None:
+    def preflight(self, client_manager: ClientManager, config: dict[str, Scalar]) -> PreflightError | None:
         """Ask every connected node for its properties with ``config``; stop the run if any cannot start.
 
         Every node shares the run config, so one that cannot start (too many clients
-        for the data, a missing ``data-dir``, a batch larger than its data, no GPU)
-        means the run cannot work as asked: it stops now with the nodes' reasons,
-        one line per distinct cause, instead of recording every round as failed.
+        for the data, a missing ``data-dir``, a batch larger than its data under
+        ``strict-batches``, no GPU) means the run cannot work as asked: it stops now
+        with the nodes' reasons, one line per distinct cause, instead of recording
+        every round as failed. A node whose own data is at fault is left out instead.
+
+        Returns
+        -------
+        PreflightError or None
+            The nodes left out for faults in their own data, if any (the run goes on).
 
         Raises
         ------
         PreflightError
-            With those lines and every node's full report.
+            With those lines and every node's full report, when a fault is the run's
+            or no node is left.
 
         """
         proxies = list(client_manager.all().values())
         answers = _ask(proxies, config)
         problems = [(p, a) for p, a in zip(proxies, answers, strict=True) if problem_of(a) is not None]
-        if problems:
-            raise PreflightError(condensed(problems, len(proxies)), details(problems))
-        self.properties.update({p.cid: a for p, a in zip(proxies, answers, strict=True)})
-        log(INFO, "preflight: all %d connected clients accept the config", len(proxies))
-        largest = max((int(a.get("num-train", 0)) for a in answers), default=0)
+        own_data = [(p, a) for p, a in problems if scope_of(a) == "node"]
+        if len(problems) > len(own_data) or len(own_data) == len(proxies):
+            lines = condensed(problems, len(proxies))
+            if problems == own_data:
+                lines.append("no node is left to train")
+            raise PreflightError(lines, details(problems))
+        self.excluded.update({p.cid: problem_of(a) or "" for p, a in own_data})
+        self.admit([(p, a) for p, a in zip(proxies, answers, strict=True) if problem_of(a) is None])
+        log(INFO, "preflight: %d of %d connected clients accept the config", len(proxies) - len(own_data),
+            len(proxies))  # fmt: skip
+        largest = max((int(a.get(NUM_TRAIN, 0)) for a in answers if isinstance(a, dict)), default=0)
         batch = config.get("batch-size")
         if isinstance(batch, int | float) and largest and batch > largest:
             log(WARNING, "run config key 'batch-size': %s exceeds every client's training set (the largest holds "
                 "%d examples); every local step uses a client's whole set", batch, largest)  # fmt: skip
+        return PreflightError(condensed(own_data, len(proxies)), details(own_data)) if own_data else None
+
+    def admit(self, answers: list[tuple[ClientProxy, dict[str, Scalar]]]) -> None:
+        """Keep the nodes' answers; number the nodes without a partition after the highest number in use."""
+        unnumbered = []
+        for proxy, answer in answers:
+            if int(answer.get(PARTITION_ID, -1)) >= 0:
+                self.properties[proxy.cid] = answer
+            else:
+                unnumbered.append((proxy, answer))
+        taken = [int(a[PARTITION_ID]) for a in self.properties.values()]
+        following = max(taken, default=-1) + 1
+        for number, (proxy, answer) in enumerate(sorted(unnumbered, key=lambda pa: (str(pa[1].get(DATA_DIR, "")),
+                                                                                    pa[0].cid))):  # fmt: skip
+            self.properties[proxy.cid] = {**answer, PARTITION_ID: following + number}
 
     def connected(self, client_manager: ClientManager) -> dict[int, ClientProxy]:
         """Partition -> a connected node serving it; a node not seen before is asked its partition first.
 
-        A node that cannot answer is left out (and asked again next time); where two
-        nodes claim one partition, the one with the smaller node id serves it.
+        A node that cannot answer is left out (and asked again next time); one whose
+        own data is at fault is left out for the run. Where two nodes claim one
+        partition, the one with the smaller node id serves it.
         """
-        proxies = client_manager.all()
+        proxies = {cid: proxy for cid, proxy in client_manager.all().items() if cid not in self.excluded}
         if not proxies:
             log(WARNING, "no node is connected; waiting up to %d s for one", WAIT_S)
             client_manager.wait_for(1, timeout=WAIT_S)
-            proxies = client_manager.all()
+            proxies = {cid: proxy for cid, proxy in client_manager.all().items() if cid not in self.excluded}
         new = [proxy for cid, proxy in proxies.items() if cid not in self.properties]
+        usable = []
         for proxy, answer in zip(new, _ask(new, {}), strict=True):
             problem = problem_of(answer)
-            if problem is not None:
-                log(WARNING, "node %s did not report its partition: %s", proxy.cid, problem)
+            if problem is None:
+                usable.append((proxy, answer))
+            elif scope_of(answer) == "node":
+                self.excluded[proxy.cid] = problem
+                log(WARNING, "%s is left out of the run: %s", _who(proxy, answer), problem)
             else:
-                self.properties[proxy.cid] = answer
+                log(WARNING, "node %s did not report its partition: %s", proxy.cid, problem)
+        self.admit(usable)
         by_partition: dict[int, ClientProxy] = {}
         for cid, proxy in sorted(proxies.items()):
             if cid in self.properties:
@@ -87,8 +142,53 @@ class NodeDirectory:
         return by_partition
 
     def partition_of(self, node: str) -> int:
-        """The partition ``node`` reported."""
+        """The partition ``node`` reported (or was given)."""
         return int(self.properties[node][PARTITION_ID])
+
+    def data_report(self, class_names: tuple[str, ...] = ()) -> list[dict[str, object]]:
+        """Every admitted node's data, by partition: its data-dir, examples per split, examples per class.
+
+        Classes are named by ``class_names`` where given (a user's own data), else by index.
+        """
+        report = []
+        for answer in sorted(self.properties.values(), key=lambda a: int(a[PARTITION_ID])):
+            entry: dict[str, object] = {"partition": int(answer[PARTITION_ID])}
+            if answer.get(DATA_DIR):
+                entry[DATA_DIR] = str(answer[DATA_DIR])
+            entry.update({NUM_TRAIN: int(answer.get(NUM_TRAIN, 0)), NUM_TEST: int(answer.get(NUM_TEST, 0))})
+            for key in (TRAIN_CLASSES, TEST_CLASSES):
+                if key in answer:
+                    entry[key] = named_counts(str(answer[key]), class_names)
+            report.append(entry)
+        return report
+
+
+def named_counts(text: str, class_names: tuple[str, ...] = ()) -> dict[str, int]:
+    """``"0:12 3:40"`` -> ``{"0": 12, "3": 40}``, or by name (``{"cat": 12, ...}``) where ``class_names`` are given."""
+    counts = {}
+    for item in text.split():
+        index, count = item.split(":")
+        name = class_names[int(index)] if int(index) < len(class_names) else index
+        counts[name] = int(count)
+    return counts
+
+
+def data_lines(report: list[dict[str, object]]) -> list[str]:
+    """The preflight's log lines on the nodes' data: one per node up to ``LISTED_NODES``, else a summary."""
+    if not report:
+        return []
+    if len(report) > LISTED_NODES:
+        sizes = sorted(int(entry[NUM_TRAIN]) for entry in report)
+        return [f"{len(report)} clients hold {sizes[0]} to {sizes[-1]} training examples (median "
+                f"{sizes[len(sizes) // 2]}); each client's counts are in summary.json"]  # fmt: skip
+    lines = []
+    for entry in report:
+        where = f" ({entry[DATA_DIR]})" if DATA_DIR in entry else ""
+        classes = entry.get(TRAIN_CLASSES)
+        held = f"; train classes {', '.join(f'{k} {v}' for k, v in classes.items())}" if classes else ""
+        lines.append(f"partition {entry['partition']}{where}: {entry[NUM_TRAIN]} train, {entry[NUM_TEST]} test"
+                     f"{held}")  # fmt: skip
+    return lines
 
 
 def _ask(proxies: list[ClientProxy], config: dict[str, Scalar]) -> list[dict[str, Scalar] | Exception]:
@@ -125,9 +225,19 @@ def problem_of(answer: dict[str, Scalar] | Exception) -> str | None:
     return str(error) if error else None
 
 
+def scope_of(answer: dict[str, Scalar] | Exception) -> str:
+    """``node`` when a node's answer blames its own data, else ``run``."""
+    return "run" if isinstance(answer, Exception) else str(answer.get(PREFLIGHT_SCOPE, "run"))
+
+
 def _who(proxy: ClientProxy, answer: dict[str, Scalar] | Exception) -> int | str:
-    partition = -1 if isinstance(answer, Exception) else int(answer.get(PARTITION_ID, -1))
-    return partition if partition >= 0 else f"node {proxy.cid}"
+    """A node's partition when it has one, else its data-dir, else its (random) node id."""
+    if isinstance(answer, Exception):
+        return f"node {proxy.cid}"
+    partition = int(answer.get(PARTITION_ID, -1))
+    if partition >= 0:
+        return partition
+    return f"data-dir {answer[DATA_DIR]}" if answer.get(DATA_DIR) else f"node {proxy.cid}"
 
 
 def ranges(numbers: list[int]) -> str:
