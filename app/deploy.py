@@ -183,6 +183,10 @@ class LocalDeployment:
         The Flower app (folder with ``pyproject.toml``) that ``run`` submits.
     num_nodes
         SuperNodes to start; node i gets ``--node-config "partition-id=i num-partitions=num_nodes"``.
+    node_data
+        Each node's own data folder instead (a device that brings its data): node i gets
+        ``--node-config "data-dir='node_data[i]'"`` and no partition; ``num_nodes`` must
+        be its length.
     tls
         Serve the SuperLink over TLS with a freshly made CA and server certificate.
     node_auth
@@ -202,9 +206,13 @@ class LocalDeployment:
         tls: bool = False,
         node_auth: bool = False,
         workdir: Path | None = None,
+        node_data: list[Path] | None = None,
     ) -> None:
         if num_nodes < 1:
             raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
+        if node_data is not None and len(node_data) != num_nodes:
+            raise ValueError(f"node_data names {len(node_data)} folders for {num_nodes} nodes")
+        self.node_data = [Path(folder).resolve() for folder in node_data] if node_data else None
         self.app_dir = Path(app_dir).resolve()
         self.num_nodes, self.tls, self.node_auth = num_nodes, tls, node_auth
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="stamen-deploy-")
@@ -275,8 +283,12 @@ class LocalDeployment:
 
     def node_command(self, partition: int, *, key: NodeKey | None = None) -> list[str]:
         """The ``flower-supernode`` command for partition ``partition``."""
+        if self.node_data is not None and partition < len(self.node_data):
+            node_config = f"data-dir='{self.node_data[partition]}'"
+        else:
+            node_config = f"partition-id={partition} num-partitions={self.num_nodes}"
         command = ["flower-supernode", *self._security(), "--superlink", self.address, "--port", str(free_port()),
-                   "--node-config", f"partition-id={partition} num-partitions={self.num_nodes}"]  # fmt: skip
+                   "--node-config", node_config]  # fmt: skip
         if self.certificates:
             command += ["--root-certificates", str(self.certificates.ca_cert)]
         if key:
@@ -421,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     """Start a local deployment, run the app once (or serve until Ctrl-C), stop everything."""
     parser = argparse.ArgumentParser(prog="python -m app.deploy", description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=2, help="SuperNodes to start (default 2)")
+    parser.add_argument("--node-data", type=Path, nargs="+", metavar="FOLDER",
+                        help="each SuperNode's own data folder (one node per folder; overrides --nodes)")  # fmt: skip
     parser.add_argument("--tls", action="store_true", help="serve over TLS with a generated CA")
     parser.add_argument("--auth", action="store_true", help="enable SuperNode authentication (registers each key)")
     parser.add_argument("--run-config", default="", help='overrides, as for flwr run: "num-server-rounds=3 ..."')
@@ -434,8 +448,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}")
         return 2
     app_dir = Path(__file__).resolve().parent.parent
-    with LocalDeployment(app_dir=app_dir, num_nodes=args.nodes, tls=args.tls, node_auth=args.auth,
-                         workdir=args.workdir) as deployment:  # fmt: skip
+    num_nodes = len(args.node_data) if args.node_data else args.nodes
+    with LocalDeployment(app_dir=app_dir, num_nodes=num_nodes, tls=args.tls, node_auth=args.auth,
+                         workdir=args.workdir, node_data=args.node_data) as deployment:  # fmt: skip
         print("started:\n  " + "\n  ".join(deployment.commands()))
         print(f"FLWR_HOME={deployment.home} (connection {CONNECTION!r}); logs in {deployment.logs}")
         if args.serve:
