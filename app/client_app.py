@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from flwr.client import Client, ClientApp
 from flwr.common import Context
 
+from app import message_cost
 from app.config import ConfigError, parse_settings
 from app.registry import METHODS
 from clients.base import TorchClient
@@ -66,6 +67,7 @@ def build_client(context: Context) -> TorchClient:
     """Build this node's client: settings, data (cached per process), model, and its state across rounds."""
     settings = parse_settings(context.run_config)
     place = place_of(context)
+    message_cost.mark("settings")
     if place.data_dir:
         data = load_node_data(settings.data_spec(), place.data_dir)
     elif settings.data.dataset in USER_DATASETS and not settings.data.data_dir:
@@ -74,12 +76,16 @@ def build_client(context: Context) -> TorchClient:
     else:
         spec = settings.data_spec(place.num_partitions)
         data = load_client_data(spec, settings.partition_spec(place.num_partitions), place.partition_id)
+    message_cost.mark("data")
     model = build_model(settings.training.model, input_shape=tuple(data.train_x.shape[1:]),
                         num_classes=data.num_classes, seed=settings.run.seed)  # fmt: skip
     method = METHODS[settings.run.strategy]
-    return method.client(model=model, data=data, settings=settings, partition_id=place.partition_id,
-                         num_partitions=place.num_partitions, data_dir=place.data_dir,
-                         state=ClientState(context.state, owner=method.contract.name))  # fmt: skip
+    client = method.client(model=model, data=data, settings=settings, partition_id=place.partition_id,
+                           num_partitions=place.num_partitions, data_dir=place.data_dir,
+                           state=ClientState(context.state, owner=method.contract.name))  # fmt: skip
+    message_cost.mark("built")
+    return client
 
 
-app = ClientApp(client_fn=client_fn)
+app = ClientApp(client_fn=client_fn, mods=message_cost.mods())
+message_cost.mark("imported")
