@@ -27,6 +27,9 @@ from datasets.cache import cache_dir, fingerprint, load_arrays, store_arrays
 USER_DATASETS = ("imagefolder", "npz")
 SPLITS = ("train", "test")
 CACHE_VERSION = 1
+# torchvision's IMG_EXTENSIONS, written out: importing torchvision costs a deployed device ~1.1 CPU-seconds per
+# message (a fresh process each), so it is imported only to decode, never to find the cache entry
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 class LocalDataError(DataUnavailableError):
@@ -102,9 +105,7 @@ def class_counts(labels: np.ndarray, num_classes: int) -> dict[int, int]:
 
 
 def _image_files(root: Path) -> list[Path]:
-    from torchvision.datasets.folder import IMG_EXTENSIONS  # torchvision is imported only where images are read
-
-    return sorted(p for split in SPLITS for p in (root / split).rglob("*") if p.suffix.lower() in IMG_EXTENSIONS)
+    return sorted(p for split in SPLITS for p in (root / split).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
 
 
 def _load_image_folder(root: Path, classes: tuple[str, ...], shape: tuple[int, ...]) -> ArraySource:
