@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+
 import numpy as np
 import pytest
-from conftest import OK, settings
+from conftest import OK, REPO, settings
 from flwr.common import Context, GetPropertiesIns, GetPropertiesRes, RecordDict
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -55,8 +60,6 @@ def test_folders_are_labelled_by_class_name_not_by_their_order(devices):
 
 
 def damaged(tmp_path, devices, damage):
-    import shutil
-
     folder = tmp_path / "device"
     shutil.copytree(devices[0], folder)
     return folder, damage(folder)
@@ -84,8 +87,6 @@ def empty_split(folder):
 
 
 def no_split(folder):
-    import shutil
-
     shutil.rmtree(folder / "test")
     return folder
 
@@ -238,3 +239,16 @@ def test_no_node_left_stops_the_preflight(tmp_path, devices):
 def test_properties_reply_is_ok(devices):
     reply = node_client(devices[0]).get_properties(GetPropertiesIns(config={}))
     assert isinstance(reply, GetPropertiesRes) and reply.status.code == OK.code
+
+
+def test_a_cached_folder_loads_without_importing_torchvision(devices, tmp_path):
+    # a deployed device pays every import in every message (a fresh process each): the cache hit must stay cheap
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    assert set(local.IMAGE_EXTENSIONS) == set(IMG_EXTENSIONS)
+    load_node_data(spec(), str(devices[0]))  # decodes, and writes the cache entry
+    code = ("import sys; from datasets import load_node_data; from test_node_data import spec; "
+            f"load_node_data(spec(), {str(devices[0])!r}); print('torchvision' in sys.modules)")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
