@@ -281,7 +281,8 @@ class FederatedStrategy(Strategy):
             if problem is None:
                 accepted.append((res.loss, res.num_examples, res.metrics))
             else:
-                log(WARNING, "round %s: rejected evaluate reply from node %s: %s", server_round, proxy.cid, problem)
+                log(WARNING, "round %s: rejected evaluate reply from %s: %s", server_round, self.nodes.label(proxy.cid),
+                    problem)  # fmt: skip
         metrics = evaluation_summary(accepted)
         metrics["eval-clients-failed"] = len(results) - len(accepted) + len(failures)
         self.record.update(metrics)
@@ -316,7 +317,8 @@ class FederatedStrategy(Strategy):
                 partition = self.nodes.partition_of(proxy.cid)
                 replies.append(Reply(proxy.cid, partition, arrays, res.num_examples, dict(res.metrics)))
             else:
-                log(WARNING, "round %s: rejected fit reply from node %s: %s", server_round, proxy.cid, problem)
+                log(WARNING, "round %s: rejected fit reply from %s: %s", server_round, self.nodes.label(proxy.cid),
+                    problem)  # fmt: skip
                 rejected += 1
         return sorted(replies, key=lambda reply: reply.partition), rejected
 

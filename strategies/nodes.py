@@ -145,6 +145,14 @@ class NodeDirectory:
         """The partition ``node`` reported (or was given)."""
         return int(self.properties[node][PARTITION_ID])
 
+    def label(self, node: str) -> str:
+        """``node`` for a log line: its partition and its own data-dir where known, with its node id."""
+        answer = self.properties.get(node)
+        if answer is None:
+            return f"node {node}"
+        where = f", data-dir {answer[DATA_DIR]}" if answer.get(DATA_DIR) else ""
+        return f"partition {answer[PARTITION_ID]} (node {node}{where})"
+
     def data_report(self, class_names: tuple[str, ...] = ()) -> list[dict[str, object]]:
         """Every admitted node's data, by partition: its data-dir, examples per split, examples per class.
 

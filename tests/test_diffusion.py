@@ -54,15 +54,20 @@ def settings_for(rounds=3, **overrides):
     return settings(**{f"diffusion_{k}" if k in DIFFUSION_KEYS else k: v for k, v in config.items()})
 
 
-def federation(settings, *, broken: dict[int, str] | None = None):
-    """K real clients behind in-process proxies, registered with a client manager (node i = agent K-1-i)."""
+def federation(settings, *, broken: dict[int, str] | None = None, own_data: bool = False):
+    """K real clients behind in-process proxies, registered with a client manager (node i = agent K-1-i).
+
+    ``own_data``: the clients are devices with their own data (``data-dir``), no partition number.
+    """
     manager = SimpleClientManager()
     data, proxies = [], []
     for node in range(K):
         agent = K - 1 - node  # node ids and agents deliberately differ
         part = load_client_data(settings.data_spec(K), settings.partition_spec(K), agent)
         model = build_model("linear", input_shape=(10,), num_classes=0, seed=settings.run.seed)
-        client = DiffusionClient(model=model, data=part, settings=settings, partition_id=agent, num_partitions=K)
+        place = {"partition_id": -1, "num_partitions": 0, "data_dir": f"/device-{agent}"} if own_data else {
+            "partition_id": agent, "num_partitions": K}  # fmt: skip
+        client = DiffusionClient(model=model, data=part, settings=settings, **place)
         proxy = LocalProxy(f"node-{node}", client, broken=(broken or {}).get(agent, ""))
         manager.register(proxy)
         data.append((agent, part))
@@ -110,6 +115,21 @@ def test_fedsgd_round_is_the_averaged_gradient_step():
     one_round(strategy, manager, 2)
     expected = expected - 0.1 * np.mean([gradient(p, expected) for p in parts], axis=0)
     np.testing.assert_allclose(strategy.agents[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_devices_with_their_own_data_are_numbered_by_data_dir_and_run_exactly_as_numbered_agents():
+    # the server numbers /device-0 ... /device-3 as agents 0-3 and tells each its number, which seeds its batches:
+    # the same run as agents that knew their numbers
+    runs = []
+    for own_data in (False, True):
+        settings = settings_for(mode="diffusion", participation=0.7, batch_size=20, local_steps=3)
+        manager, _ = federation(settings, own_data=own_data)
+        strategy, _, _ = make_strategy(settings)
+        for server_round in (1, 2, 3):
+            one_round(strategy, manager, server_round)
+        runs.append(strategy.agents.copy())
+        assert strategy.network.num_agents == K
+    np.testing.assert_array_equal(runs[0], runs[1])
 
 
 def test_diffusion_round_with_everyone_is_the_combination_of_the_local_steps():
