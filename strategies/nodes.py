@@ -267,7 +267,9 @@ def condensed(problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]],
     lines = []
     for cause, who in sorted(by_cause.items(), key=lambda item: -len(item[1])):
         partitions = [w for w in who if isinstance(w, int)]
-        named = ([f"partitions {ranges(partitions)}"] if partitions else []) + [w for w in who if isinstance(w, str)]
+        plural = "s" if len(partitions) > 1 else ""
+        named = [f"partition{plural} {ranges(partitions)}"] if partitions else []
+        named += [w for w in who if isinstance(w, str)]
         lines.append(f"{len(who)} of {asked} clients ({', '.join(named[:6])}{', ...' if len(named) > 6 else ''}): "
                      f"{cause}")  # fmt: skip
     return lines
