@@ -151,6 +151,8 @@ def test_user_data_keys_are_checked_before_any_work():
     with pytest.raises(ConfigError, match=r"run config key 'classes': 'a,b,a' names \['a'\] more than once"):
         settings(dataset="npz", classes="a,b,a", input_shape="4")
     assert settings(dataset="npz", classes="3", input_shape="4").data_spec().classes == ("0", "1", "2")
+    with pytest.raises(ConfigError, match="run config key 'central-eval': the server tests on the run config's"):
+        settings(dataset="imagefolder", classes="3", input_shape="1x8x8", central_eval=True)
 
 
 def test_one_folder_is_split_over_simulated_clients(devices):

@@ -220,6 +220,9 @@ class Settings:
         if self.run.central_eval and data.dataset in GENERATED:
             raise ConfigError(f"run config key 'central-eval': needs a dataset with its own test set; "
                               f"{data.dataset!r} has none")  # fmt: skip
+        if self.run.central_eval and data.dataset in USER_DATASETS and not data.data_dir:
+            raise ConfigError(f"run config key 'central-eval': the server tests on the run config's data-dir, which "
+                              f"is empty (dataset {data.dataset!r}: the devices hold the data)")  # fmt: skip
         self.method.check_in(self)
 
     def as_run_config(self) -> dict[str, object]:
