@@ -57,10 +57,15 @@ from strategies.nodes import NodeDirectory, PreflightError, data_lines
 from strategies.recorder import NullRecorder, Recorder
 from strategies.records import evaluation_summary, fit_totals, progress_line, run_summary, summary_line
 from strategies.sampling import sample_partitions, sample_size
-from strategies.screening import Reply, evaluate_reply_problem, fit_reply_problem
+from strategies.screening import Reply, evaluate_reply_problem, fit_reply_problem, is_non_finite
 from strategies.tuner import PHI_METRIC, FathomTuner
 
 PREFLIGHT_LOG = "preflight-errors.log"
+
+
+class RunDivergedError(Exception):
+    """The strategy ended the run early (it diverged); the message says why. Not a failure of the run."""
+
 Failures = list[tuple[ClientProxy, FitRes] | tuple[ClientProxy, EvaluateRes] | BaseException]
 
 
@@ -119,6 +124,9 @@ class FederatedStrategy(Strategy):
         self.history: list[dict] = []
         self.record: dict = {}
         self.started = time.perf_counter()
+        self.sent_model = self.global_model  # the model sent in the current round
+        self.last_good = (0, self.global_model)  # (the round it is the model after, its arrays), known good
+        self.nonfinite_rounds = 0  # consecutive rounds with only non-finite replies or losses
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rounds={self.num_rounds})"
@@ -222,6 +230,7 @@ class FederatedStrategy(Strategy):
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
         config = self.fit_config(server_round)  # the values in force, which the record keeps
+        self.sent_model = self.global_model
         self.record = {"round": server_round, "strategy": self.name, "_start": time.perf_counter()}
         self.record.update({f"hp-{k}": v for k, v in config.items() if k != "server-round"})
         nodes = self.nodes.connected(client_manager)
@@ -272,7 +281,7 @@ class FederatedStrategy(Strategy):
     def aggregate_evaluate(
         self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures
     ) -> tuple[float | None, dict[str, Scalar]]:
-        accepted = []
+        accepted, non_finite = [], 0
         for proxy, res in sorted(results, key=lambda pair: self.nodes.partition_of(pair[0].cid)):
             try:
                 problem = evaluate_reply_problem(res.loss, res.num_examples, res.metrics, self.evaluate_specs)
@@ -281,10 +290,12 @@ class FederatedStrategy(Strategy):
             if problem is None:
                 accepted.append((res.loss, res.num_examples, res.metrics))
             else:
+                non_finite += is_non_finite(problem)
                 log(WARNING, "round %s: rejected evaluate reply from %s: %s", server_round, self.nodes.label(proxy.cid),
                     problem)  # fmt: skip
         metrics = evaluation_summary(accepted)
         metrics["eval-clients-failed"] = len(results) - len(accepted) + len(failures)
+        metrics["eval-clients-nonfinite"] = non_finite
         self.record.update(metrics)
         self._record_failures("evaluate", server_round, failures)
         return (metrics["loss"] if accepted else None), metrics
@@ -305,8 +316,11 @@ class FederatedStrategy(Strategy):
         return due and self.settings.run.fraction_evaluate > 0
 
     def screen_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]) -> tuple[list[Reply], int]:
-        """The replies that may be combined (decoded, in partition order) and how many were rejected."""
-        replies, rejected = [], 0
+        """The replies that may be combined (decoded, in partition order) and how many were rejected.
+
+        The record counts the rejections for non-finite values (``clients-nonfinite``).
+        """
+        replies, rejected, non_finite = [], 0, 0
         for proxy, res in results:
             try:
                 arrays = parameters_to_ndarrays(res.parameters)
@@ -320,6 +334,8 @@ class FederatedStrategy(Strategy):
                 log(WARNING, "round %s: rejected fit reply from %s: %s", server_round, self.nodes.label(proxy.cid),
                     problem)  # fmt: skip
                 rejected += 1
+                non_finite += is_non_finite(problem)
+        self.record["clients-nonfinite"] = non_finite
         return sorted(replies, key=lambda reply: reply.partition), rejected
 
     def end_round(self, server_round: int) -> None:
@@ -332,6 +348,7 @@ class FederatedStrategy(Strategy):
         self.record = {}
         self.recorder.record_round(record)
         log(INFO, progress_line(record, self.num_rounds))
+        self.watch_divergence(server_round, record)
         every = self.settings.execution.checkpoint_every
         if every and (server_round % every == 0 or server_round == self.num_rounds):
             self.recorder.save_checkpoint(self.checkpoint(server_round))
@@ -340,6 +357,57 @@ class FederatedStrategy(Strategy):
             summary = {**run_summary(self.history, self.name), "status": "completed", **self.node_summary()}
             self.recorder.finish(summary)
             log(INFO, "final: %s", summary_line(summary))
+
+    def watch_divergence(self, server_round: int, record: dict) -> None:
+        """Count consecutive non-finite rounds; after ``stop-after-nonfinite`` of them, stop the run.
+
+        A round is non-finite when no fit reply was accepted and some were rejected for
+        non-finite values, or when it evaluated and no loss was finite (the clients' or
+        the server's). Otherwise the model it sent is known good. Stopping puts back the
+        last good model, writes it as the checkpoint, and ends the run with
+        ``status: stopped`` and the reason, naming the step sizes in force.
+
+        Raises
+        ------
+        RunDivergedError
+            When the run stops.
+
+        """
+        fit_bad = record.get("clients-succeeded", 0) == 0 and record.get("clients-nonfinite", 0) > 0
+        evaluated = record.get("eval-clients", 0) + record.get("eval-clients-nonfinite", 0) > 0
+        eval_bad = evaluated and record.get("eval-clients", 0) == 0
+        central = record.get("central-loss")
+        central_bad = isinstance(central, float) and not np.isfinite(central)
+        if not (fit_bad or eval_bad or central_bad):
+            self.nonfinite_rounds = 0
+            self.last_good = (server_round - 1, self.sent_model)
+            return
+        self.nonfinite_rounds += 1
+        patience = self.settings.run.stop_after_nonfinite
+        if not patience or self.nonfinite_rounds < patience:
+            return
+        first = server_round - self.nonfinite_rounds + 1
+        what = "every fit reply was non-finite" if fit_bad else "no evaluation loss was finite"
+        steps = {k: self.in_force(k, v) for k, v in self.step_values().items()}
+        shown = ", ".join(f"{k} = {v:g}" for k, v in steps.items()) or "the method's step sizes"
+        good_round, good_model = self.last_good
+        reason = (f"diverged: in rounds {first}-{server_round} {what}; the step sizes in force were {shown} (most "
+                  f"likely the cause: lower them); kept the model after round {good_round}, the last whose replies "
+                  "were finite")  # fmt: skip
+        self.global_model = good_model
+        self.global_parameters = ndarrays_to_parameters(good_model)
+        self.recorder.save_checkpoint(self.checkpoint(good_round))
+        self.finish()
+        summary = {**run_summary(self.history, self.name), "status": "stopped", "reason": reason,
+                   "last-good-round": good_round, **self.node_summary()}  # fmt: skip
+        self.recorder.finish(summary)
+        log(ERROR, "stamen: %s", reason)
+        raise RunDivergedError(reason)
+
+    def step_values(self) -> dict[str, float]:
+        """The run's value of each of the method's step-size keys (before a tuner moves them)."""
+        values = self.settings.as_run_config()
+        return {k: float(values[k]) for k in self.contract.step_keys() if k in values}
 
     def fail(self, reason: str) -> None:
         """End the run as failed: the records so far stay, and the summary says why (``status`` ``failed``)."""

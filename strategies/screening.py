@@ -31,11 +31,19 @@ class Reply:
     metrics: Mapping[str, object]
 
 
+NON_FINITE = "non-finite"  # every problem that is about values that are not finite says so
+
+
+def is_non_finite(problem: str | None) -> bool:
+    """Whether a screening problem is about non-finite values (a diverging client, not a broken one)."""
+    return problem is not None and NON_FINITE in problem
+
+
 def metrics_problem(metrics: Mapping[str, object], specs: Mapping[str, Metric]) -> str | None:
     """Why a reply's scalar metrics are absurd (not finite, or outside a declared range), or ``None``."""
     for name, value in metrics.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isfinite(value):
-            return f"metric {name!r} is not finite ({value})"
+            return f"metric {name!r} is {NON_FINITE} ({value})"
         if name in specs and (problem := specs[name].problem(value)):
             return problem
     return None
@@ -60,7 +68,7 @@ def fit_reply_problem(
         if tuple(array.shape) != tuple(shape):
             return f"array {i} has shape {tuple(array.shape)}, expected {tuple(shape)}"
         if not np.issubdtype(array.dtype, np.number) or not np.all(np.isfinite(array)):
-            return f"array {i} holds non-finite or non-numeric values"
+            return f"array {i} holds {NON_FINITE} or non-numeric values"
     if num_examples <= 0:
         return f"non-positive example count {num_examples}"
     missing = [name for name, spec in specs.items() if spec.required and name not in metrics]
@@ -77,7 +85,9 @@ def evaluate_reply_problem(
     Classifiers report accuracies; regression clients (least squares) report losses only.
     """
     if not math.isfinite(loss) or not 0.0 <= loss <= MAX_REASONABLE_LOSS:
-        return f"loss {loss} is not a finite value in [0, {MAX_REASONABLE_LOSS:g}]"
+        if not math.isfinite(loss):
+            return f"loss {loss} is {NON_FINITE}"
+        return f"loss {loss} is not in [0, {MAX_REASONABLE_LOSS:g}]"
     if num_examples <= 0:
         return f"non-positive example count {num_examples}"
     return metrics_problem(metrics, specs)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import time
+from logging import WARNING
+
 from flwr.common import Scalar
+from flwr.common.logger import log
 from flwr.server import Server
 from flwr.server.client_manager import ClientManager
 from flwr.server.history import History
 from flwr.server.server import EvaluateResultsAndFailures
 
-from strategies.base import FederatedStrategy
+from strategies.base import FederatedStrategy, RunDivergedError
 from strategies.resume import ContinuedRun
 
 
@@ -38,9 +42,17 @@ class RoundServer(Server):
         self.set_max_workers(max_workers)
 
     def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
-        """Flower's rounds; a run that raises ends its results folder as failed, then raises on."""
+        """Flower's rounds; a run that raises ends its results folder as failed, then raises on.
+
+        A run the strategy stops early (:class:`RunDivergedError`, it diverged) ends normally: its
+        results folder says why, and Flower reports the run as completed.
+        """
+        started = time.perf_counter()
         try:
             return super().fit(num_rounds, timeout)
+        except RunDivergedError as stop:
+            log(WARNING, "the run stopped early: %s", stop)
+            return History(), time.perf_counter() - started
         except Exception as err:
             self.strategy.fail(" ".join(str(err).split()) or type(err).__name__)
             raise

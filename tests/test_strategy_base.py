@@ -89,9 +89,10 @@ def test_evaluate_reply_checks():
     specs = {m.name: m for m in EVALUATE_METRICS}
     assert evaluate_reply_problem(0.3, 5, {"accuracy": 0.9}, specs) is None
     assert "outside [0, 1]" in evaluate_reply_problem(0.3, 5, {"accuracy": 1.2}, specs)
-    assert "not a finite" in evaluate_reply_problem(float("nan"), 5, {"accuracy": 0.5}, specs)
+    assert "non-finite" in evaluate_reply_problem(float("nan"), 5, {"accuracy": 0.5}, specs)
+    assert "not in [0, 1e+06]" in evaluate_reply_problem(2e6, 5, {"accuracy": 0.5}, specs)
     assert evaluate_reply_problem(0.3, 5, {}, specs) is None  # a regression reply: its loss only
-    assert "not finite" in evaluate_reply_problem(0.3, 5, {"global-loss": float("inf")}, specs)
+    assert "non-finite" in evaluate_reply_problem(0.3, 5, {"global-loss": float("inf")}, specs)
 
 
 def test_personalised_metrics_are_weighted_with_spread_and_bad_ones_dropped():

@@ -89,6 +89,9 @@ class RunSettings(KeyedSettings):
     eval_every: int = key(10, "personalised evaluation every k rounds, and always in the last round", at_least=1)
     central_eval: bool = key(False, "also test the global model on the dataset's test set on the server, every round")
     preflight: bool = key(True, "before round 1, every node loads its data and checks the config (one message each)")
+    stop_after_nonfinite: int = key(3, "stop the run after this many consecutive rounds in which every fit reply was "
+                                    "non-finite or no evaluation loss was finite (0 = never)", at_least=0,
+                                    at_most=MAX_ROUNDS)  # fmt: skip
     aggregation: str = key("uniform", "uniform (the Per-FedAvg paper) or examples (weigh models by example count)",
                            choices=AGGREGATIONS)  # fmt: skip
     seed: int = key(0, "seeds the split, the model, the clients sampled each round and every client's batches",

@@ -52,7 +52,7 @@ class Metric:
         except (TypeError, ValueError):
             return f"metric {self.name!r} = {value!r} is not a number"
         if number != number or number in (INF, -INF):
-            return f"metric {self.name!r} is not finite ({value})"
+            return f"metric {self.name!r} is non-finite ({value})"
         if not self.low <= number <= self.high:
             low = "-inf" if self.low == -INF else f"{self.low:g}"
             return f"metric {self.name!r} = {value} is outside [{low}, {self.high:g}]"
@@ -122,6 +122,8 @@ class Contract:
         the smoke test run it).
     tunable
         Which of its settings an online tuner may move; ``None``: it cannot be tuned.
+    step_sizes
+        Its step-size keys, named when a run diverges; by default the tunable ones, else ``lr``.
 
     """
 
@@ -132,10 +134,19 @@ class Contract:
     metrics: tuple[Metric, ...] = ()
     example: Mapping[str, object] = field(default_factory=dict)
     tunable: Tunable | None = None
+    step_sizes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.settings.prefix != self.name:
             raise ValueError(f"{self.settings.__name__}.prefix is {self.settings.prefix!r}, not {self.name!r}")
+
+    def step_keys(self) -> tuple[str, ...]:
+        """The run-config keys of its step sizes: the likeliest cause of a run that diverges."""
+        if self.step_sizes:
+            return self.step_sizes
+        if self.tunable is not None:
+            return (self.tunable.step, *self.tunable.other_steps)
+        return ("lr",) if "lr" in self.uses else ()
 
     def broadcast_keys(self) -> tuple[str, ...]:
         """The method's own keys its clients read (every key that is not server-only)."""

@@ -100,6 +100,7 @@ CONTRACT = Contract(
     summary="asynchronous diffusion: agents on a graph, random participation, T local steps, sampled combination",
     settings=DiffusionSettings,
     uses=("local-steps", "batch-size"),
+    step_sizes=("diffusion-mu",),
     metrics=(),
     example={"strategy": "diffusion", "dataset": "least-squares", "model": "linear", "partitioner": "natural",
              "diffusion-mu": 0.1, "local-steps": 1, "batch-size": 20},

@@ -37,6 +37,7 @@ CONTRACT = Contract(
     summary="Ditto: FedAvg, plus a personal model per client pulled towards the global one",
     settings=DittoSettings,
     uses=("lr", "local-steps", "local-epochs", "batch-size"),
+    step_sizes=("lr", "ditto-personal-lr"),
     metrics=(
         Metric(PERSONAL_LOSS, "mean training loss of the personal model's steps", 0.0),
         Metric(PERSONAL_ROUNDS, "times this client has updated its personal model", 1.0, total=PERSONAL_ROUNDS),

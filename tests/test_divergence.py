@@ -1,0 +1,63 @@
+"""A run that diverges stops early, keeps its last good model and says why (by hand, and through Flower)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import REPO
+from flwr.common import parameters_to_ndarrays
+from test_strategy_base import arrays, fit_res, make_strategy
+
+from app.launcher import FINISHED_OK, LocalSimulation
+from strategies.base import RunDivergedError
+
+
+def play_round(strategy, manager, proxies, server_round, value):
+    strategy.configure_fit(server_round, strategy.global_parameters, manager)
+    strategy.aggregate_fit(server_round, [(p, fit_res(arrays(value), 10)) for p in proxies], [])
+    strategy.end_round(server_round)
+
+
+def test_three_rounds_of_non_finite_replies_stop_the_run_with_the_last_good_model():
+    strategy, manager, proxies, recorder = make_strategy(num_rounds=10, eval_every=100, clients=3)
+    play_round(strategy, manager, proxies, 1, 1.0)
+    play_round(strategy, manager, proxies, 2, 2.0)  # its model (all 2.0) is what rounds 3-5 are sent
+    play_round(strategy, manager, proxies, 3, np.nan)
+    play_round(strategy, manager, proxies, 4, np.inf)
+    assert strategy.nonfinite_rounds == 2 and recorder.summary is None
+    with pytest.raises(RunDivergedError, match=r"rounds 3-5 every fit reply was non-finite; the step sizes in force "
+                                               r"were lr = 0.1 .*kept the model after round 1"):  # fmt: skip
+        play_round(strategy, manager, proxies, 5, np.nan)
+    # the model sent in round 2 came back finite: the last good one; the model after round 2 was never tested
+    assert all(np.all(a == 1.0) for a in parameters_to_ndarrays(strategy.global_parameters))
+    assert recorder.checkpoints[-1].round == 1
+    assert recorder.summary["status"] == "stopped" and recorder.summary["last-good-round"] == 1
+    assert [r["clients-nonfinite"] for r in recorder.rounds] == [0, 0, 3, 3, 3]
+
+
+def test_a_finite_round_resets_the_count_and_zero_never_stops():
+    strategy, manager, proxies, recorder = make_strategy(num_rounds=6, eval_every=100, clients=2)
+    for server_round, value in enumerate((np.nan, np.nan, 1.0, np.nan, np.nan, 1.0), start=1):
+        play_round(strategy, manager, proxies, server_round, value)
+    assert recorder.summary["status"] == "completed"
+    never, manager, proxies, recorder = make_strategy(num_rounds=5, eval_every=100, clients=2, stop_after_nonfinite=0)
+    for server_round in range(1, 6):
+        play_round(never, manager, proxies, server_round, np.nan)
+    assert recorder.summary["status"] == "completed" and never.nonfinite_rounds == 5
+
+
+@pytest.mark.e2e
+def test_a_diverging_simulation_stops_early_with_its_reason_in_the_summary(tmp_path):
+    # FedAvg with a step of 1e4 on the embedded data: the replies are non-finite from the first round or two
+    config = {"strategy": "fedavg", "lr": 1e4, "num-server-rounds": 30, "stop-after-nonfinite": 2,
+              "fraction-fit": 0.2, "eval-every": 100, "results-dir": str(tmp_path), "run-name": "diverges"}  # fmt: skip
+    with LocalSimulation(app_dir=REPO) as simulation:
+        outcome = simulation.run(run_config=config, num_supernodes=10, extra_federation="client-resources-num-cpus=1",
+                                 timeout_s=600)  # fmt: skip
+    assert outcome.status == FINISHED_OK, outcome.log_tail
+    summary = json.loads((tmp_path / "diverges" / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["rounds"] < 30
+    assert "every fit reply was non-finite" in summary["reason"] and "lr = 10000" in summary["reason"]
+    assert (tmp_path / "diverges" / "checkpoint.npz").is_file()
