@@ -57,7 +57,14 @@ from strategies.nodes import NodeDirectory, PreflightError, data_lines
 from strategies.recorder import NullRecorder, Recorder
 from strategies.records import evaluation_summary, fit_totals, progress_line, run_summary, summary_line
 from strategies.sampling import sample_partitions, sample_size
-from strategies.screening import Reply, evaluate_reply_problem, fit_reply_problem, is_non_finite
+from strategies.screening import (
+    Reply,
+    evaluate_reply_problem,
+    fit_reply_problem,
+    is_non_finite,
+    outsized,
+    update_norm,
+)
 from strategies.tuner import PHI_METRIC, FathomTuner
 
 PREFLIGHT_LOG = "preflight-errors.log"
@@ -336,7 +343,31 @@ class FederatedStrategy(Strategy):
                 rejected += 1
                 non_finite += is_non_finite(problem)
         self.record["clients-nonfinite"] = non_finite
-        return sorted(replies, key=lambda reply: reply.partition), rejected
+        replies, too_large = self.screen_update_norms(server_round, replies)
+        return sorted(replies, key=lambda reply: reply.partition), rejected + too_large
+
+    def sent_to(self, partition: int) -> list[np.ndarray]:
+        """The arrays ``partition`` was sent this round (a reply's update is measured from them)."""
+        return self.sent_model
+
+    def screen_update_norms(self, server_round: int, replies: list[Reply]) -> tuple[list[Reply], int]:
+        """Record the round's update norms; drop replies beyond ``max-update-ratio`` times their median.
+
+        Returns the replies kept and how many were dropped (``clients-outsized`` in the record).
+        """
+        if not replies:
+            return replies, 0
+        norms = [update_norm(reply.arrays, self.sent_to(reply.partition)) for reply in replies]
+        self.record.update({"update-norm-median": float(np.median(norms)), "update-norm-max": max(norms)})
+        ratio, median = self.settings.run.max_update_ratio, float(np.median(norms))
+        flags = outsized(norms, ratio)
+        for reply, norm, flag in zip(replies, norms, flags, strict=True):
+            if flag:
+                log(WARNING, "round %s: rejected fit reply from %s: update norm %.4g is %.1f times the round's median "
+                    "%.4g (max-update-ratio %g)", server_round, self.nodes.label(reply.node), norm, norm / median,
+                    median, ratio)  # fmt: skip
+        self.record["clients-outsized"] = sum(flags)
+        return [reply for reply, flag in zip(replies, flags, strict=True) if not flag], sum(flags)
 
     def end_round(self, server_round: int) -> None:
         """Write the round's record, log a progress line, checkpoint when due, and finish after the last round."""

@@ -81,6 +81,10 @@ class Diffusion(FederatedStrategy):
     def parameters_for(self, partition: int) -> Parameters:
         return ndarrays_to_parameters(unflatten(self.agents[partition], self.shapes))
 
+    def sent_to(self, partition: int) -> list[np.ndarray]:
+        """Agent ``partition``'s own model: its update is measured from it."""
+        return unflatten(self.agents[partition], self.shapes)
+
     def evaluate_config(self) -> dict[str, Scalar]:
         return {**super().evaluate_config(), "adapt-steps": 0}  # each agent's own model, as it is
 

@@ -91,3 +91,29 @@ def evaluate_reply_problem(
     if num_examples <= 0:
         return f"non-positive example count {num_examples}"
     return metrics_problem(metrics, specs)
+
+
+def update_norm(arrays: Sequence[np.ndarray], sent: Sequence[np.ndarray]) -> float:
+    """``||arrays - sent||``, the Euclidean norm of a reply's update over all its arrays.
+
+    One subtraction and one dot product per array, in the arrays' own precision: a
+    screen of scale, not a measurement.
+    """
+    total = 0.0
+    for array, before in zip(arrays, sent, strict=True):
+        step = np.subtract(array, before).ravel()
+        total += float(np.dot(step, step))
+    return math.sqrt(total)
+
+
+def outsized(norms: Sequence[float], ratio: float, minimum: int = 3) -> list[bool]:
+    """Which updates exceed ``ratio`` times the median norm of the round (none with fewer than ``minimum``).
+
+    The median of a round's updates is what its honest majority moved; a reply far
+    beyond it (finite values that would still poison the average) is out of scale.
+    ``ratio`` 0 turns the check off.
+    """
+    if ratio <= 0 or len(norms) < minimum:
+        return [False] * len(norms)
+    median = float(np.median(norms))
+    return [norm > ratio * median for norm in norms]

@@ -12,6 +12,7 @@ from test_strategy_base import arrays, fit_res, make_strategy
 
 from app.launcher import FINISHED_OK, LocalSimulation
 from strategies.base import RunDivergedError
+from strategies.screening import outsized, update_norm
 
 
 def play_round(strategy, manager, proxies, server_round, value):
@@ -61,3 +62,24 @@ def test_a_diverging_simulation_stops_early_with_its_reason_in_the_summary(tmp_p
     assert summary["status"] == "stopped" and summary["rounds"] < 30
     assert "every fit reply was non-finite" in summary["reason"] and "lr = 10000" in summary["reason"]
     assert (tmp_path / "diverges" / "checkpoint.npz").is_file()
+
+
+def test_update_norm_and_the_outsized_rule():
+    sent = [np.zeros((2, 3), np.float32), np.zeros(3, np.float32)]
+    assert update_norm([np.ones((2, 3), np.float32), np.full(3, 2.0, np.float32)], sent) == pytest.approx(
+        np.sqrt(6 + 12))
+    assert outsized([1.0, 1.2, 0.9, 50.0], 10.0) == [False, False, False, True]
+    assert outsized([1.0, 50.0], 10.0) == [False, False]  # two replies have no majority to measure against
+    assert outsized([1.0, 1.2, 0.9, 50.0], 0.0) == [False] * 4  # off
+
+
+def test_a_finite_but_outsized_reply_is_rejected_and_the_rest_averaged():
+    strategy, manager, proxies, recorder = make_strategy(num_rounds=2, eval_every=100, clients=4, max_update_ratio=10.0)
+    strategy.configure_fit(1, strategy.global_parameters, manager)
+    values = (1.0, 1.1, 0.9, 1e4)  # the last is finite, and would move the average to 2501
+    replies = [(p, fit_res(arrays(v), 10)) for p, v in zip(proxies, values, strict=True)]
+    parameters, _ = strategy.aggregate_fit(1, replies, [])
+    for got in parameters_to_ndarrays(parameters):
+        np.testing.assert_allclose(got, 1.0, rtol=1e-6)
+    assert strategy.record["clients-outsized"] == 1 and strategy.record["clients-rejected"] == 1
+    assert strategy.record["update-norm-max"] == pytest.approx(1e4 * np.sqrt(9))

@@ -92,6 +92,8 @@ class RunSettings(KeyedSettings):
     stop_after_nonfinite: int = key(3, "stop the run after this many consecutive rounds in which every fit reply was "
                                     "non-finite or no evaluation loss was finite (0 = never)", at_least=0,
                                     at_most=MAX_ROUNDS)  # fmt: skip
+    max_update_ratio: float = key(0.0, "reject a fit reply whose update norm exceeds this multiple of the round's "
+                                  "median update norm (0 = never; needs 3 replies)", at_least=0)  # fmt: skip
     aggregation: str = key("uniform", "uniform (the Per-FedAvg paper) or examples (weigh models by example count)",
                            choices=AGGREGATIONS)  # fmt: skip
     seed: int = key(0, "seeds the split, the model, the clients sampled each round and every client's batches",
