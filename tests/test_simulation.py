@@ -39,7 +39,7 @@ def finished_runs(tmp_path_factory):
         too_big = {**config, "images-per-class": 400, "run-name": "too-big"}
         runs["too-big"] = (sim.run(run_config=too_big, num_supernodes=CLIENTS, timeout_s=300), None)
         # Per-FedAvg batches larger than the second-half clients' 12 images
-        big_batch = {**config, "perfedavg-outer-batch-size": 40, "run-name": "big-batch"}
+        big_batch = {**config, "perfedavg-outer-batch-size": 40, "strict-batches": True, "run-name": "big-batch"}
         runs["big-batch"] = (sim.run(run_config=big_batch, num_supernodes=CLIENTS, timeout_s=300), None)
         fathom = {**config, **METHODS["fathom"].contract.example, "num-server-rounds": 3, "fraction-fit": 1.0,
                   "run-name": "fathom-3"}  # fmt: skip
@@ -95,7 +95,8 @@ def test_a_client_that_cannot_load_its_data_stops_the_run_before_training(finish
     assert "[round 1/" not in refused.log
 
 
-def test_batches_larger_than_a_clients_data_stop_the_run_before_training(finished_runs):
+def test_under_strict_batches_larger_than_a_clients_data_stop_the_run_before_training(finished_runs):
+    # by default such a client trains on all its examples (tests/test_clients_meta.py); strict-batches refuses
     big_batch, _ = finished_runs[0]["big-batch"]
     assert big_batch.status == "finished:failed"
     # one line for the cause, with the partitions it hit: the second half hold 4 + 8 images
