@@ -32,8 +32,19 @@ def hessian_vector_product(loss_fn: LossFn, params: Params, vector: Params, batc
     return torch.autograd.grad(grads, leaves, grad_outputs=tuple(v.detach() for v in vector))
 
 
-def finite_difference_hvp(loss_fn: LossFn, params: Params, vector: Params, batch: Batch, delta: float) -> Params:
-    """Central-difference estimate ``(grad(w + delta v) - grad(w - delta v)) / (2 delta)``."""
+def finite_difference_hvp(
+    loss_fn: LossFn, params: Params, vector: Params, batch: Batch, delta: float, *, relative: bool = False
+) -> Params:
+    """Central-difference estimate ``(grad(w + delta v) - grad(w - delta v)) / (2 delta)``.
+
+    ``relative``: the perturbation has length ``delta`` whatever ``||v||`` is (the
+    difference step is ``delta / ||v||``). With the paper's fixed step, a large ``v``
+    moves ``w`` by ``delta ||v||``, across the kinks of a ReLU network's loss, where a
+    central difference is no estimate of the Hessian's action.
+    """
+    if relative:
+        norm = float(torch.sqrt(sum((v.detach() ** 2).sum() for v in vector)))
+        delta = delta / norm if norm > 0 else delta
     plus, _ = gradient(loss_fn, axpy(params, vector, delta), batch)
     minus, _ = gradient(loss_fn, axpy(params, vector, -delta), batch)
     return tuple((a - b) / (2.0 * delta) for a, b in zip(plus, minus, strict=True))
@@ -57,6 +68,7 @@ def meta_gradient(
     alpha: float,
     variant: str,
     delta: float = 1e-3,
+    relative_delta: bool = False,
 ) -> MetaGradient:
     """Per-FedAvg's meta-gradient with the estimator ``variant`` on batches ``(D, D', D'')``.
 
@@ -76,6 +88,8 @@ def meta_gradient(
         (exact Hessian-vector product).
     delta
         The central difference's step (``hf`` only).
+    relative_delta
+        ``hf``: perturb by ``delta`` in length rather than ``delta`` times the outer gradient.
 
     Returns
     -------
@@ -92,7 +106,7 @@ def meta_gradient(
     if variant == "fo":
         return MetaGradient(outer, float(outer_loss), 2, 0)
     if variant == "hf":
-        curvature = finite_difference_hvp(loss_fn, params, outer, hessian_batch, delta)
+        curvature = finite_difference_hvp(loss_fn, params, outer, hessian_batch, delta, relative=relative_delta)
         grad_evals, hvp_evals = 4, 0
     else:
         curvature = hessian_vector_product(loss_fn, params, outer, hessian_batch)
@@ -101,7 +115,7 @@ def meta_gradient(
 
 
 def meta_direction(
-    *, alpha: float, variant: str, delta: float
+    *, alpha: float, variant: str, delta: float, relative_delta: bool = False
 ) -> Callable[[LossFn, Params, object, ExtraLoss | None], Step]:
     """Per-FedAvg's step for :func:`clients.training.train_steps`: its batch is ``(D, D', D'')``."""
 
@@ -109,7 +123,8 @@ def meta_direction(
         if extra_loss is not None:
             raise ValueError("Per-FedAvg's meta-gradient takes no extra loss term")
         inner, outer, hessian = batches
-        step = meta_gradient(loss_fn, params, (inner, outer, hessian), alpha=alpha, variant=variant, delta=delta)
+        step = meta_gradient(loss_fn, params, (inner, outer, hessian), alpha=alpha, variant=variant, delta=delta,
+                             relative_delta=relative_delta)  # fmt: skip
         # per-example gradients: D and D' once each; D'' twice for hf, once (as an HVP) for so
         sample_grads = len(inner[1]) + len(outer[1]) + {"fo": 0, "hf": 2, "so": 1}[variant] * len(hessian[1])
         return Step(step.direction, step.outer_loss, step.grad_evals, sample_grads, step.hvp_evals)

@@ -33,7 +33,8 @@ class PerFedAvgClient(TorchClient):
         self, training: TrainingSettings, method: PerFedAvgSettings, rng: np.random.Generator
     ) -> TrainReport:
         sizes = tuple(method.batch_sizes(training.batch_size).values())
-        direction = meta_direction(alpha=method.alpha, variant=method.variant, delta=method.delta)
+        direction = meta_direction(alpha=method.alpha, variant=method.variant, delta=method.delta,
+                                   relative_delta=method.delta_scale == "relative")  # fmt: skip
         # in a tuned run, phi is the alignment of successive meta-gradients (the steps actually taken)
         return train_steps(self.model, self.meta_batches(sizes, training.local_steps, rng), method.beta,
                            direction=direction, on_step=self.watched())  # fmt: skip

@@ -214,3 +214,22 @@ def test_unknown_variant_in_meta_gradient():
     loss, _, _, w = quadratic()
     with pytest.raises(ValueError, match="variant 'x' is not one of"):
         meta_gradient(loss, (torch.tensor(w),), (None, None, None), alpha=0.1, variant="x")
+
+
+def test_relative_delta_perturbs_by_delta_in_length_and_stays_exact_on_a_quadratic():
+    loss, q, _, w = quadratic(seed=3)
+    v = 1e3 * np.random.default_rng(4).normal(size=len(w))  # a large outer gradient
+    for relative in (False, True):
+        fd = finite_difference_hvp(loss, (torch.tensor(w),), (torch.tensor(v),), None, 1e-3, relative=relative)[0]
+        np.testing.assert_allclose(fd.numpy(), q @ v, rtol=1e-6)
+    seen = []
+
+    def recording(params, batch):
+        seen.append(params[0].detach().clone())
+        return (params[0] ** 2).sum()
+
+    finite_difference_hvp(recording, (torch.tensor(w),), (torch.tensor(v),), None, 1e-3, relative=True)
+    assert float(torch.linalg.norm(seen[0] - seen[1])) == pytest.approx(2e-3)  # w + d v/|v| and w - d v/|v|
+    seen.clear()
+    finite_difference_hvp(recording, (torch.tensor(w),), (torch.tensor(v),), None, 1e-3)
+    assert float(torch.linalg.norm(seen[0] - seen[1])) == pytest.approx(2e-3 * np.linalg.norm(v))

@@ -10,6 +10,7 @@ from strategies.contracts.contract import Contract, MethodSettings, Tunable
 from strategies.contracts.keys import key
 
 VARIANTS = ("fo", "hf", "so")
+DELTA_SCALES = ("gradient", "relative")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,6 +26,8 @@ class PerFedAvgSettings(MethodSettings):
     alpha: float = key(0.05, "inner (adaptation) step size; also the test-time step", at_least=0)
     beta: float = key(0.05, "outer (meta) step size", above=0)
     delta: float = key(0.001, "hf: central-difference step of the Hessian-vector product", above=0)
+    delta_scale: str = key("gradient", "hf: perturb w by delta times the outer gradient (the paper) or by delta in "
+                           "length (relative: delta / ||g||)", choices=DELTA_SCALES)  # fmt: skip
     variant: str = key("hf", "fo (first order), hf (Hessian-free) or so (exact second order)", choices=VARIANTS)
     outer_batch_size: int = key(10, "size of D' (the outer gradient)", at_least=1, at_most=MAX_BATCH)
     hessian_batch_size: int = key(10, "size of D'' (the Hessian term; unused by fo)", at_least=1,
