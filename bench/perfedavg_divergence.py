@@ -1,0 +1,192 @@
+"""Per-FedAvg off the paper's MLP: FO, HF and SO side by side on FEMNIST with a ReLU CNN, and why HF diverges.
+
+Two parts, on ``../shared/data/femnist-leaf`` (105 LEAF writers, the natural split):
+
+(a) **The Hessian-vector product HF estimates** (in this process): for ``cnn-small``
+    (ReLU) and ``mlp`` (ELU, the paper's), at the seeded initial model and after 100
+    SGD steps on one writer, on 20 batches D'' of 5 and of 40 examples drawn from 20
+    writers: the outer gradient g at w - alpha grad(w, D), then the exact product H g
+    (double backward, SO's) against HF's central difference with the paper's step
+    (w +- delta g) and with ``perfedavg-delta-scale = relative`` (w +- delta g / ||g||),
+    delta = 1e-3. Reported: ||HF - SO|| / ||SO|| and ||H g|| / ||g|| (medians, maxima).
+(b) **Federated runs** through Flower's simulation engine: ``cnn-small``, 10 clients a
+    round, batches of 5 (D, D', D''), alpha 0.01, beta = lr = 0.1, tau 10, ``--rounds``
+    rounds, for FedAvg, Per-FedAvg FO, HF, HF with the relative step, SO, and HF with
+    ``max-update-ratio = 10``; ``--seeds`` seeds. Each record counts the non-finite
+    replies, the round's largest update against its median, and whether the run stopped
+    (``stop-after-nonfinite``, 3 consecutive rounds).
+
+Writes ``bench/results/perfedavg_divergence.json`` and ``.md``; finished runs are kept in
+``bench/results/perfedavg_divergence_runs.jsonl`` and skipped when asked again.
+
+    python bench/perfedavg_divergence.py            # 100 rounds, 3 seeds (~35 min on 2 cores)
+    python bench/perfedavg_divergence.py --quick    # part (a) on 5 batches; 20 rounds of HF and SO, one seed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from app.launcher import FINISHED_OK, LocalSimulation  # noqa: E402
+from bench.common import QUICK_RESULTS, SHARED_DATA, RunLog, interval, machine, read_records  # noqa: E402
+from clients.meta import finite_difference_hvp, hessian_vector_product  # noqa: E402
+from clients.models import build_model  # noqa: E402
+from clients.training import axpy, gradient, model_loss, to_tensor  # noqa: E402
+from datasets.leaf import load_femnist  # noqa: E402
+
+DATA = SHARED_DATA / "femnist-leaf"
+ALPHA, BETA, DELTA, TAU, BATCH = 0.01, 0.1, 1e-3, 10, 5
+CASES = {
+    "fedavg": {"strategy": "fedavg"},
+    "fo": {"strategy": "perfedavg", "perfedavg-variant": "fo"},
+    "hf": {"strategy": "perfedavg", "perfedavg-variant": "hf"},
+    "hf-relative": {"strategy": "perfedavg", "perfedavg-variant": "hf", "perfedavg-delta-scale": "relative"},
+    "so": {"strategy": "perfedavg", "perfedavg-variant": "so"},
+    "hf-ratio-10": {"strategy": "perfedavg", "perfedavg-variant": "hf", "max-update-ratio": 10.0},
+}
+
+
+# ------------------------------------------------------------------ (a) the estimate
+
+
+def hvp_errors(model_name: str, batch: int, batches: int, trained: bool, seed: int = 0) -> dict:
+    """HF's central differences against the exact product, on ``batches`` FEMNIST batches of size ``batch``."""
+    source = load_femnist(DATA)
+    x, y = to_tensor(source.train_x, torch.device("cpu")), torch.as_tensor(source.train_y)
+    model = build_model(model_name, input_shape=(1, 28, 28), num_classes=62, seed=seed).double()
+    loss_fn = model_loss(model)
+    params = tuple(p.detach().double() for p in model.parameters())
+    rng = np.random.default_rng(seed)
+    writers = [g for g in source.train_groups if len(g) >= 3 * batch]
+    if trained:  # 100 SGD steps on one writer: away from the initial point, where ReLUs are not yet sorted
+        group = writers[0]
+        for _ in range(100):
+            idx = torch.as_tensor(rng.choice(group, BATCH, replace=False))
+            grads, _ = gradient(loss_fn, params, (x[idx].double(), y[idx]))
+            params = axpy(params, grads, -0.1)
+    out = {"gradient": [], "relative": [], "curvature": []}
+    for k in range(batches):
+        group = writers[(k + 1) % len(writers)]
+        d, d1, d2 = (torch.as_tensor(rng.choice(group, batch, replace=False)) for _ in range(3))
+        inner, _ = gradient(loss_fn, params, (x[d].double(), y[d]))
+        g, _ = gradient(loss_fn, axpy(params, inner, -ALPHA), (x[d1].double(), y[d1]))
+        hessian_batch = (x[d2].double(), y[d2])
+        exact = flat(hessian_vector_product(loss_fn, params, g, hessian_batch))
+        for scale in ("gradient", "relative"):
+            estimate = flat(finite_difference_hvp(loss_fn, params, g, hessian_batch, DELTA,
+                                                  relative=scale == "relative"))  # fmt: skip
+            out[scale].append(float(torch.linalg.norm(estimate - exact) / torch.linalg.norm(exact)))
+        out["curvature"].append(float(torch.linalg.norm(exact) / torch.linalg.norm(flat(g))))
+    spread = {name: {"median": statistics.median(values), "max": max(values)} for name, values in out.items()}
+    return {"model": model_name, "batch": batch, "trained": trained, "batches": batches,
+            "error-gradient": spread["gradient"], "error-relative": spread["relative"],
+            "hg-over-g": spread["curvature"]}  # fmt: skip
+
+
+def flat(tensors) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+# ------------------------------------------------------------------ (b) the runs
+
+
+def run_config(case: str, seed: int, rounds: int, results: str) -> dict:
+    return {**CASES[case], "dataset": "femnist", "data-dir": str(DATA), "partitioner": "natural",
+            "model": "cnn-small", "batch-size": BATCH, "perfedavg-outer-batch-size": BATCH,
+            "perfedavg-hessian-batch-size": BATCH, "adapt-batch-size": BATCH, "perfedavg-alpha": ALPHA,
+            "perfedavg-beta": BETA, "lr": BETA, "local-steps": TAU, "fraction-fit": 0.1, "num-server-rounds": rounds,
+            "eval-every": 10, "seed": seed, "results-dir": results, "run-name": f"{case}-{seed}",
+            "min-available-clients": 105}  # fmt: skip
+
+
+def run_case(sim: LocalSimulation, case: str, seed: int, rounds: int, results: str) -> dict:
+    started = time.perf_counter()
+    outcome = sim.run(run_config=run_config(case, seed, rounds, results), num_supernodes=105, timeout_s=3600,
+                      extra_federation="client-resources-num-cpus=1")  # fmt: skip
+    if outcome.status != FINISHED_OK:
+        raise RuntimeError(f"{case} seed {seed} ended {outcome.status}:\n{outcome.log_tail}")
+    records, summary = read_records(Path(results) / f"{case}-{seed}")
+    ratios = [r["update-norm-max"] / r["update-norm-median"] for r in records if r.get("update-norm-median")]
+    evaluated = [r for r in records if "accuracy-client-mean" in r]
+    return {"case": case, "seed": seed, "rounds-asked": rounds, "status": summary["status"],
+            "reason": summary.get("reason", ""), "rounds": len(records),
+            "nonfinite-replies": sum(r.get("clients-nonfinite", 0) for r in records),
+            "rounds-with-nonfinite": [r["round"] for r in records if r.get("clients-nonfinite", 0)],
+            "outsized-replies": sum(r.get("clients-outsized", 0) for r in records),
+            "update-ratio-max": max(ratios, default=float("nan")),
+            "update-ratio-median": statistics.median(ratios) if ratios else float("nan"),
+            "final-accuracy": evaluated[-1]["accuracy-client-mean"] if evaluated else None,
+            "train-loss": [r.get("train-loss") for r in records],
+            "seconds": time.perf_counter() - started}  # fmt: skip
+
+
+def report(results: dict) -> str:
+    lines = ["(a) ||HF - SO|| / ||SO|| (median / max) and ||Hg|| / ||g||, delta = 1e-3", "",
+             "| model | batch | point | fixed step (paper) | relative step | Hg/g |",
+             "|---|---:|---|---|---|---|"]  # fmt: skip
+    for row in results["hvp"]:
+        point = "after 100 steps" if row["trained"] else "initial"
+        cells = [f"{row[k]['median']:.3g} / {row[k]['max']:.3g}" for k in ("error-gradient", "error-relative")]
+        lines.append(f"| {row['model']} | {row['batch']} | {point} | {cells[0]} | {cells[1]} | "
+                     f"{row['hg-over-g']['median']:.3g} / {row['hg-over-g']['max']:.3g} |")  # fmt: skip
+    lines += ["", "(b) federated runs: non-finite replies, stopped runs, largest update / median, final accuracy", "",
+              "| case | seeds | non-finite replies (per seed) | stopped | max update ratio | final accuracy |",
+              "|---|---:|---|---:|---:|---|"]  # fmt: skip
+    for case, runs in results["runs"].items():
+        accuracies = [r["final-accuracy"] for r in runs if r["final-accuracy"] is not None]
+        mean, half = interval(accuracies) if accuracies else (float("nan"), 0.0)
+        stopped = sum(r["status"] == "stopped" for r in runs)
+        lines.append(f"| {case} | {len(runs)} | {[r['nonfinite-replies'] for r in runs]} | {stopped} | "
+                     f"{max(r['update-ratio-max'] for r in runs):.3g} | {mean:.4f} +- {half:.4f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args()
+    if not DATA.is_dir():
+        sys.exit(f"needs {DATA} (LEAF FEMNIST)")
+    out = QUICK_RESULTS if args.quick else REPO / "bench" / "results"
+    rounds, seeds, cases = (20, 1, ("hf", "so")) if args.quick else (args.rounds, args.seeds, tuple(CASES))
+    batches = 5 if args.quick else 20
+    hvp = [hvp_errors(model, batch, batches, trained)
+           for model in ("cnn-small", "mlp") for batch in (5, 40) for trained in (False, True)]  # fmt: skip
+    print(json.dumps(hvp, indent=1), flush=True)
+    log = RunLog(path=out / "perfedavg_divergence_runs.jsonl", key_fields=("case", "seed", "rounds-asked"))
+    if not args.report_only:
+        with tempfile.TemporaryDirectory() as results, LocalSimulation(app_dir=REPO) as sim:
+            for seed in range(seeds):
+                for case in cases:
+                    if log.get({"case": case, "seed": seed, "rounds-asked": rounds}) is None:
+                        result = run_case(sim, case, seed, rounds, results)
+                        log.append(result)
+                        print(f"{case} seed {seed}: {result['status']}, {result['nonfinite-replies']} non-finite, "
+                              f"ratio max {result['update-ratio-max']:.3g}, acc {result['final-accuracy']}, "
+                              f"{result['seconds']:.0f} s", flush=True)  # fmt: skip
+    runs = {c: [log.get({"case": c, "seed": s, "rounds-asked": rounds}) for s in range(seeds)] for c in cases}
+    results = {"benchmark": "perfedavg_divergence", "machine": machine(), "rounds": rounds, "seeds": seeds,
+               "hvp": hvp, "runs": {c: [r for r in rs if r] for c, rs in runs.items()}}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "perfedavg_divergence.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "perfedavg_divergence.md").write_text(report(results) + "\n")
+    print(report(results))
+
+
+if __name__ == "__main__":
+    main()
