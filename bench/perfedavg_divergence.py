@@ -12,7 +12,7 @@ Two parts, on ``../shared/data/femnist-leaf`` (105 LEAF writers, the natural spl
 (b) **Federated runs** through Flower's simulation engine: ``cnn-small``, 10 clients a
     round, batches of 5 (D, D', D''), alpha 0.01, beta = lr = 0.1, tau 10, ``--rounds``
     rounds, for FedAvg, Per-FedAvg FO, HF, HF with the relative step, SO, and HF with
-    ``max-update-ratio = 10``; ``--seeds`` seeds. Each record counts the non-finite
+    ``max-update-ratio = 10``, and HF and SO on ``mlp`` (ELU); ``--seeds`` seeds. Each record counts the non-finite
     replies, the round's largest update against its median, and whether the run stopped
     (``stop-after-nonfinite``, 3 consecutive rounds).
 
@@ -55,6 +55,9 @@ CASES = {
     "hf-relative": {"strategy": "perfedavg", "perfedavg-variant": "hf", "perfedavg-delta-scale": "relative"},
     "so": {"strategy": "perfedavg", "perfedavg-variant": "so"},
     "hf-ratio-10": {"strategy": "perfedavg", "perfedavg-variant": "hf", "max-update-ratio": 10.0},
+    # the paper's smooth model (ELU MLP) on the same data: where HF's central difference is an estimate
+    "hf-mlp": {"strategy": "perfedavg", "perfedavg-variant": "hf", "model": "mlp"},
+    "so-mlp": {"strategy": "perfedavg", "perfedavg-variant": "so", "model": "mlp"},
 }
 
 
@@ -103,8 +106,8 @@ def flat(tensors) -> torch.Tensor:
 
 
 def run_config(case: str, seed: int, rounds: int, results: str) -> dict:
-    return {**CASES[case], "dataset": "femnist", "data-dir": str(DATA), "partitioner": "natural",
-            "model": "cnn-small", "batch-size": BATCH, "perfedavg-outer-batch-size": BATCH,
+    return {"dataset": "femnist", "data-dir": str(DATA), "partitioner": "natural", "model": "cnn-small", **CASES[case],
+            "batch-size": BATCH, "perfedavg-outer-batch-size": BATCH,
             "perfedavg-hessian-batch-size": BATCH, "adapt-batch-size": BATCH, "perfedavg-alpha": ALPHA,
             "perfedavg-beta": BETA, "lr": BETA, "local-steps": TAU, "fraction-fit": 0.1, "num-server-rounds": rounds,
             "eval-every": 10, "seed": seed, "results-dir": results, "run-name": f"{case}-{seed}",

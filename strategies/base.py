@@ -422,9 +422,9 @@ class FederatedStrategy(Strategy):
         steps = {k: self.in_force(k, v) for k, v in self.step_values().items()}
         shown = ", ".join(f"{k} = {v:g}" for k, v in steps.items()) or "the method's step sizes"
         good_round, good_model = self.last_good
-        reason = (f"diverged: in rounds {first}-{server_round} {what}; the step sizes in force were {shown} (most "
-                  f"likely the cause: lower them); kept the model after round {good_round}, the last whose replies "
-                  "were finite")  # fmt: skip
+        reason = (f"diverged: in rounds {first}-{server_round} {what}; the step sizes in force were {shown}; "
+                  f"{self.divergence_hint()}; kept the model after round {good_round}, the last whose replies were "
+                  "finite")  # fmt: skip
         self.global_model = good_model
         self.global_parameters = ndarrays_to_parameters(good_model)
         self.recorder.save_checkpoint(self.checkpoint(good_round))
@@ -434,6 +434,10 @@ class FederatedStrategy(Strategy):
         self.recorder.finish(summary)
         log(ERROR, "stamen: %s", reason)
         raise RunDivergedError(reason)
+
+    def divergence_hint(self) -> str:
+        """The likeliest cause of a diverged run, for its reason (base: the step sizes in force)."""
+        return "most likely the cause: lower them"
 
     def step_values(self) -> dict[str, float]:
         """The run's value of each of the method's step-size keys (before a tuner moves them)."""

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from logging import WARNING
+
 from flwr.common import Scalar
+from flwr.common.logger import log
 
 from strategies.base import FederatedStrategy
+from strategies.contracts.common import RELU_MODELS
 from strategies.contracts.perfedavg import CONTRACT
 
 
@@ -20,6 +24,22 @@ class PerFedAvg(FederatedStrategy):
     """
 
     contract = CONTRACT
+
+    def hf_on_relu(self) -> str:
+        """Why ``hf`` is unsafe here, when it runs on a ReLU model; else ``""``."""
+        model = self.settings.training.model
+        if self.method.variant != "hf" or model not in RELU_MODELS:
+            return ""
+        return (f"perfedavg-variant 'hf' on model {model!r} (ReLU): the central difference of a piecewise-linear "
+                "gradient is no Hessian estimate (10x the exact product's norm at the start, "
+                "docs/methods/perfedavg.md#where-each-variant-is-safe); use 'so' or 'fo'")  # fmt: skip
+
+    def start(self) -> None:
+        if self.hf_on_relu():
+            log(WARNING, "%s", self.hf_on_relu())
+
+    def divergence_hint(self) -> str:
+        return self.hf_on_relu() or super().divergence_hint()
 
     def evaluate_config(self) -> dict[str, Scalar]:
         """The paper's test-time step: alpha, the value in force when a tuner moves it (``adapt-lr`` 0)."""

@@ -6,12 +6,13 @@ import json
 
 import numpy as np
 import pytest
-from conftest import REPO
-from flwr.common import parameters_to_ndarrays
+from conftest import REPO, settings
+from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from test_strategy_base import arrays, fit_res, make_strategy
 
 from app.launcher import FINISHED_OK, LocalSimulation
 from strategies.base import RunDivergedError
+from strategies.perfedavg import PerFedAvg
 from strategies.screening import outsized, update_norm
 
 
@@ -28,8 +29,9 @@ def test_three_rounds_of_non_finite_replies_stop_the_run_with_the_last_good_mode
     play_round(strategy, manager, proxies, 3, np.nan)
     play_round(strategy, manager, proxies, 4, np.inf)
     assert strategy.nonfinite_rounds == 2 and recorder.summary is None
-    with pytest.raises(RunDivergedError, match=r"rounds 3-5 every fit reply was non-finite; the step sizes in force "
-                                               r"were lr = 0.1 .*kept the model after round 1"):  # fmt: skip
+    reason = (r"rounds 3-5 every fit reply was non-finite; the step sizes in force were lr = 0.1; most likely the "
+              r"cause: lower them; kept the model after round 1")
+    with pytest.raises(RunDivergedError, match=reason):
         play_round(strategy, manager, proxies, 5, np.nan)
     # the model sent in round 2 came back finite: the last good one; the model after round 2 was never tested
     assert all(np.all(a == 1.0) for a in parameters_to_ndarrays(strategy.global_parameters))
@@ -83,3 +85,15 @@ def test_a_finite_but_outsized_reply_is_rejected_and_the_rest_averaged():
         np.testing.assert_allclose(got, 1.0, rtol=1e-6)
     assert strategy.record["clients-outsized"] == 1 and strategy.record["clients-rejected"] == 1
     assert strategy.record["update-norm-max"] == pytest.approx(1e4 * np.sqrt(9))
+
+
+def test_hf_on_a_relu_model_is_named_as_the_likely_cause():
+    from test_strategy_base import SHAPES  # noqa: F401  (the shapes the stand-in replies have)
+
+
+    run = settings(strategy="perfedavg", model="cnn-small", dataset="mnist-5k")
+    hint = PerFedAvg(settings=run, initial_parameters=ndarrays_to_parameters(arrays(0.0))).divergence_hint()
+    assert hint.startswith("perfedavg-variant 'hf' on model 'cnn-small' (ReLU)") and "use 'so' or 'fo'" in hint
+    smooth = settings(strategy="perfedavg", model="mlp")
+    assert PerFedAvg(settings=smooth, initial_parameters=ndarrays_to_parameters(arrays(0.0))).divergence_hint() == (
+        "most likely the cause: lower them")

@@ -28,6 +28,7 @@ from strategies.contracts.keys import ConfigError, KeyedSettings, key
 
 MODELS = ("mlp", "cnn", "cnn-small", "logreg", "linear")
 IMAGE_MODELS = ("cnn", "cnn-small")
+RELU_MODELS = ("cnn", "cnn-small")  # piecewise linear: a finite difference of their gradient is no Hessian estimate
 AGGREGATIONS = ("examples", "uniform")
 DEVICES = ("auto", "cpu", "cuda")
 TUNERS = ("none", "fathom")
