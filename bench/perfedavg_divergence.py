@@ -12,14 +12,14 @@ Two parts, on ``../shared/data/femnist-leaf`` (105 LEAF writers, the natural spl
 (b) **Federated runs** through Flower's simulation engine: ``cnn-small``, 10 clients a
     round, batches of 5 (D, D', D''), alpha 0.01, beta = lr = 0.1, tau 10, ``--rounds``
     rounds, for FedAvg, Per-FedAvg FO, HF, HF with the relative step, SO, and HF with
-    ``max-update-ratio = 10``, and HF and SO on ``mlp`` (ELU); ``--seeds`` seeds. Each record counts the non-finite
+    ``max-update-ratio = 10``, and FO, HF and SO on ``mlp`` (ELU); ``--seeds`` seeds. Each record counts the non-finite
     replies, the round's largest update against its median, and whether the run stopped
     (``stop-after-nonfinite``, 3 consecutive rounds).
 
 Writes ``bench/results/perfedavg_divergence.json`` and ``.md``; finished runs are kept in
 ``bench/results/perfedavg_divergence_runs.jsonl`` and skipped when asked again.
 
-    python bench/perfedavg_divergence.py            # 100 rounds, 3 seeds (~35 min on 2 cores)
+    python bench/perfedavg_divergence.py            # 100 rounds, 3 seeds (~30 min on 2 cores)
     python bench/perfedavg_divergence.py --quick    # part (a) on 5 batches; 20 rounds of HF and SO, one seed
 """
 
@@ -58,6 +58,7 @@ CASES = {
     # the paper's smooth model (ELU MLP) on the same data: where HF's central difference is an estimate
     "hf-mlp": {"strategy": "perfedavg", "perfedavg-variant": "hf", "model": "mlp"},
     "so-mlp": {"strategy": "perfedavg", "perfedavg-variant": "so", "model": "mlp"},
+    "fo-mlp": {"strategy": "perfedavg", "perfedavg-variant": "fo", "model": "mlp"},
 }
 
 
