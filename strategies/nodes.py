@@ -81,7 +81,7 @@ class NodeDirectory:
         answers = _ask(proxies, config)
         problems = [(p, a) for p, a in zip(proxies, answers, strict=True) if problem_of(a) is not None]
         own_data = [(p, a) for p, a in problems if scope_of(a) == "node"]
-        if len(problems) > len(own_data) or len(own_data) == len(proxies):
+        if len(problems) > len(own_data) or (own_data and len(own_data) == len(proxies)):
             lines = condensed(problems, len(proxies))
             if problems == own_data:
                 lines.append("no node is left to train")
