@@ -358,8 +358,8 @@ class FederatedStrategy(Strategy):
         if not replies:
             return replies, 0
         norms = [update_norm(reply.arrays, self.sent_to(reply.partition)) for reply in replies]
-        self.record.update({"update-norm-median": float(np.median(norms)), "update-norm-max": max(norms)})
         ratio, median = self.settings.run.max_update_ratio, float(np.median(norms))
+        self.record.update({"update-norm-median": median, "update-norm-max": max(norms)})
         flags = outsized(norms, ratio)
         for reply, norm, flag in zip(replies, norms, flags, strict=True):
             if flag:
@@ -385,7 +385,7 @@ class FederatedStrategy(Strategy):
             self.recorder.save_checkpoint(self.checkpoint(server_round))
         if server_round == self.num_rounds:
             self.finish()
-            summary = {**run_summary(self.history, self.name), "status": "completed", **self.node_summary()}
+            summary = self.summary("completed")
             self.recorder.finish(summary)
             log(INFO, "final: %s", summary_line(summary))
 
@@ -429,9 +429,7 @@ class FederatedStrategy(Strategy):
         self.global_parameters = ndarrays_to_parameters(good_model)
         self.recorder.save_checkpoint(self.checkpoint(good_round))
         self.finish()
-        summary = {**run_summary(self.history, self.name), "status": "stopped", "reason": reason,
-                   "last-good-round": good_round, **self.node_summary()}  # fmt: skip
-        self.recorder.finish(summary)
+        self.recorder.finish(self.summary("stopped", reason=reason, **{"last-good-round": good_round}))
         log(ERROR, "stamen: %s", reason)
         raise RunDivergedError(reason)
 
@@ -446,13 +444,17 @@ class FederatedStrategy(Strategy):
 
     def fail(self, reason: str) -> None:
         """End the run as failed: the records so far stay, and the summary says why (``status`` ``failed``)."""
-        summary = {**run_summary(self.history, self.name), "status": "failed", "reason": reason, **self.node_summary()}
-        self.recorder.fail(summary)
+        self.recorder.fail(self.summary("failed", reason=reason))
         log(ERROR, "stamen: the run failed after %d completed round(s): %s", len(self.history), reason)
 
-    def node_summary(self) -> dict[str, object]:
-        """``summary.json``'s entries on the nodes: each admitted node's data, and those left out (node id -> why)."""
-        out: dict[str, object] = {"nodes": self.nodes.data_report(self.class_names())}
+    def summary(self, status: str, **extra: object) -> dict[str, object]:
+        """``summary.json``: the run's final and best metrics, how it ended, and each node's data.
+
+        ``status`` is ``completed``, ``stopped`` or ``failed``; ``extra`` adds the reason and the like.
+        The nodes left out of the run are listed with why (node id -> reason).
+        """
+        out: dict[str, object] = {**run_summary(self.history, self.name), "status": status, **extra,
+                                  "nodes": self.nodes.data_report(self.class_names())}  # fmt: skip
         if self.nodes.excluded:
             out["nodes-left-out"] = dict(self.nodes.excluded)
         return out

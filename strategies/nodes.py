@@ -118,11 +118,11 @@ class NodeDirectory:
         own data is at fault is left out for the run. Where two nodes claim one
         partition, the one with the smaller node id serves it.
         """
-        proxies = {cid: proxy for cid, proxy in client_manager.all().items() if cid not in self.excluded}
+        proxies = self._not_excluded(client_manager)
         if not proxies:
             log(WARNING, "no node is connected; waiting up to %d s for one", WAIT_S)
             client_manager.wait_for(1, timeout=WAIT_S)
-            proxies = {cid: proxy for cid, proxy in client_manager.all().items() if cid not in self.excluded}
+            proxies = self._not_excluded(client_manager)
         new = [proxy for cid, proxy in proxies.items() if cid not in self.properties]
         usable = []
         for proxy, answer in zip(new, _ask(new, {}), strict=True):
@@ -140,6 +140,9 @@ class NodeDirectory:
             if cid in self.properties:
                 by_partition.setdefault(int(self.properties[cid][PARTITION_ID]), proxy)
         return by_partition
+
+    def _not_excluded(self, client_manager: ClientManager) -> dict[str, ClientProxy]:
+        return {cid: proxy for cid, proxy in client_manager.all().items() if cid not in self.excluded}
 
     def partition_of(self, node: str) -> int:
         """The partition ``node`` reported (or was given)."""
