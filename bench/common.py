@@ -59,7 +59,8 @@ class RunLog:
         self.results = {self.key(r): r for r in map(json.loads, lines)}
 
     def key(self, fields: dict) -> str:
-        return "|".join(str(fields[k]) for k in self.key_fields)
+        # a field added to the key later is "" in the runs recorded before it
+        return "|".join(str(fields.get(k, "")) for k in self.key_fields)
 
     def get(self, fields: dict) -> dict | None:
         """The recorded result of the run these fields identify, if any."""

@@ -1,0 +1,110 @@
+"""Drive a stamen strategy and its clients in one process, through Flower's Strategy API.
+
+Flower's server does, each round, ``configure_fit`` -> each chosen proxy's ``fit`` ->
+``aggregate_fit``; this does the same with proxies that answer in this process from
+real stamen clients (each its own model and data, built as a ClientApp builds them).
+Messages keep Flower's encoding (``ndarrays_to_parameters``), so a reply is
+byte-for-byte what a SuperNode would send. What it leaves out is the transport, the
+processes and Flower's scheduling: long runs (thousands of rounds) cost only the
+work, and ``bench/diffusion_theory.py --check-flower`` shows they give the same
+iterates as ``flwr run`` for the same seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from flwr.common import (
+    Code,
+    EvaluateRes,
+    FitRes,
+    GetPropertiesRes,
+    Parameters,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+
+from app.config import parse_settings
+from app.registry import METHODS
+from app.server_app import initial_parameters
+from clients.models import build_model
+from datasets import load_client_data
+from strategies.base import FederatedStrategy
+
+OK = Status(code=Code.OK, message="")
+
+
+class InProcessProxy(ClientProxy):
+    """A node answered by a stamen client in this process."""
+
+    def __init__(self, cid: str, client) -> None:
+        super().__init__(cid)
+        self.client = client
+
+    def get_properties(self, ins, timeout, group_id):
+        return GetPropertiesRes(OK, self.client.get_properties(ins.config))
+
+    def get_parameters(self, ins, timeout, group_id):
+        raise NotImplementedError("stamen's server never asks a client for its parameters")
+
+    def fit(self, ins, timeout, group_id):
+        arrays, num, metrics = self.client.fit(parameters_to_ndarrays(ins.parameters), ins.config)
+        return FitRes(OK, ndarrays_to_parameters(arrays), num, metrics)
+
+    def evaluate(self, ins, timeout, group_id):
+        loss, num, metrics = self.client.evaluate(parameters_to_ndarrays(ins.parameters), ins.config)
+        return EvaluateRes(OK, loss, num, metrics)
+
+    def reconnect(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+
+class InProcessRun:
+    """One run's strategy and ``num_clients`` clients, advanced a round at a time.
+
+    Parameters
+    ----------
+    run_config
+        The run config ``flwr run`` would get (``--run-config``), defaults filled in.
+    num_clients
+        The simulated SuperNodes (partitions 0 to ``num_clients - 1``).
+
+    """
+
+    def __init__(self, *, run_config: dict, num_clients: int) -> None:
+        self.settings = parse_settings(run_config)
+        method = METHODS[self.settings.run.strategy]
+        start = initial_parameters(self.settings)
+        self.strategy: FederatedStrategy = method.strategy(settings=self.settings, initial_parameters=start)
+        self.manager = SimpleClientManager()
+        self.clients = []
+        for partition in range(num_clients):
+            data = load_client_data(self.settings.data_spec(num_clients), self.settings.partition_spec(num_clients),
+                                    partition)  # fmt: skip
+            model = build_model(self.settings.training.model, input_shape=tuple(data.train_x.shape[1:]),
+                                num_classes=data.num_classes, seed=self.settings.run.seed)  # fmt: skip
+            client = method.client(model=model, data=data, settings=self.settings, partition_id=partition,
+                                   num_partitions=num_clients)  # fmt: skip
+            self.clients.append(client)
+            self.manager.register(InProcessProxy(f"node-{partition}", client))
+        self.parameters: Parameters = self.strategy.initialize_parameters(self.manager)
+        self.round = 0
+
+    def step(self) -> dict:
+        """One round of fit (no evaluation); the aggregated metrics."""
+        self.round += 1
+        instructions = self.strategy.configure_fit(self.round, self.parameters, self.manager)
+        results = [(proxy, proxy.fit(ins, None, None)) for proxy, ins in instructions]
+        parameters, metrics = self.strategy.aggregate_fit(self.round, results, [])
+        if parameters is not None:
+            self.parameters = parameters
+        return metrics
+
+    def run(self, rounds: int, after_round: Callable[[int, FederatedStrategy], None]) -> None:
+        """``rounds`` rounds, calling ``after_round(round, strategy)`` after each."""
+        for _ in range(rounds):
+            self.step()
+            after_round(self.round, self.strategy)
