@@ -37,6 +37,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -48,17 +50,34 @@ GRID_LR, GRID_BATCH = (0.03, 0.1, 0.3), (16, 64)
 BAD_LR, BAD_BATCH = 0.01, 256
 TARGET_SHARE = 0.95
 PLATEAU_ROUNDS = 10
+ESCAPE_LEVEL = 0.2  # accuracy that ends the initial plateau (the commonest class is 8.8% of the test data)
 METHODS = ("fedavg", "fathom")
-KEY_FIELDS = ("method", "lr", "batch", "seed", "rounds")
+KEY_FIELDS = ("method", "lr", "batch", "seed", "rounds", "variant")
+# FATHOM from the bad lr with H measured against the global update smoothed over about 50
+# rounds (a_sm 0.98, not 0.5) and a 5x hyper-step of the lr; chosen by --pilot (seed 0)
+FIX = {"fathom-smoothing": 0.98, "fathom-gamma-lr": 0.05}
+PILOT_ROUNDS = 150
+PILOT = {  # variant -> settings, each run from the bad lr for PILOT_ROUNDS rounds on seed 0
+    "g0.05": {"fathom-gamma-lr": 0.05},
+    "sm0.9": {"fathom-smoothing": 0.9},
+    "sm0.98": {"fathom-smoothing": 0.98},
+    "sm0.9-g0.05": {"fathom-smoothing": 0.9, "fathom-gamma-lr": 0.05},
+    "sm0.98-g0.05": {"fathom-smoothing": 0.98, "fathom-gamma-lr": 0.05},
+}
 
 
 @dataclass(frozen=True)
 class Start:
-    """A starting point: its label and the (lr, batch size) it starts from (epochs 1)."""
+    """A starting point: its label and the (lr, batch size) it starts from (epochs 1).
+
+    ``variant`` names settings changed from the paper's (``extra``); "" is the paper's.
+    """
 
     label: str
     lr: float
     batch: int
+    variant: str = ""
+    extra: tuple[tuple[str, float], ...] = ()
 
 
 def run_config(method: str, start: Start, *, seed: int, rounds: int, data_dir: Path) -> dict:
@@ -80,7 +99,12 @@ def run_config(method: str, start: Start, *, seed: int, rounds: int, data_dir: P
         "batch-size": start.batch,
         "local-epochs": 1.0,
         "adapt-steps": 0,
-    }
+    } | dict(start.extra)
+
+
+def plateau_window(rounds: int) -> int:
+    """Evaluations the plateau is the mean of: the last 10% of the run, at least 10."""
+    return max(PLATEAU_ROUNDS, rounds // 10)
 
 
 def summarise(records: list[dict]) -> dict:
@@ -91,16 +115,17 @@ def summarise(records: list[dict]) -> dict:
         cumulative.append(grads)
     pairs = zip(records, cumulative, strict=True)
     evaluated = [(r["round"], r["central-accuracy"], g) for r, g in pairs]
-    hyper = [key for key in ("lr", "local-epochs", "batch-size") if f"hp-{key}" in records[0]]
+    hyper = [f"hp-{key}" for key in ("lr", "local-epochs", "batch-size") if f"hp-{key}" in records[0]]
+    hyper += [key for key in ("H", "G") if key in records[0]]  # the hypergradients behind each move
     return {
         "curve": [(t, a) for t, a, _ in evaluated],
         "grads-at-eval": [g for _, _, g in evaluated],
-        "plateau": statistics.mean(a for _, a, _ in evaluated[-PLATEAU_ROUNDS:]),
+        "plateau": statistics.mean(a for _, a, _ in evaluated[-plateau_window(len(evaluated)):]),
         "final-accuracy": evaluated[-1][1],
         "seconds-per-round": statistics.median(
             r["round-seconds"] for r in [r for r in records if "accuracy" not in r] or records
         ),
-        "trajectory": {key: [r[f"hp-{key}"] for r in records] for key in hyper},
+        "trajectory": {key.removeprefix("hp-"): [r[key] for r in records] for key in hyper},
     }
 
 
@@ -120,14 +145,17 @@ class Bench:
         self.log = RunLog(path=args.out.with_name(args.out.stem + "_runs.jsonl"), key_fields=KEY_FIELDS)
         self.started = time.perf_counter()
 
-    def run(self, method: str, start: Start, seed: int) -> dict | None:
-        fields = {"method": method, "lr": start.lr, "batch": start.batch, "seed": seed, "rounds": self.args.rounds}
+    def run(self, method: str, start: Start, seed: int, *, rounds: int | None = None) -> dict | None:
+        if rounds is None:
+            rounds = self.args.grid_rounds if start.label == "grid" else self.args.rounds
+        fields = {"method": method, "lr": start.lr, "batch": start.batch, "seed": seed, "rounds": rounds,
+                  "variant": start.variant}  # fmt: skip
         if (done := self.log.get(fields)) is not None:
             return done
         if self.sim is None:
             return None  # --report-only
-        name = f"{method}-lr{start.lr}-b{start.batch}-s{seed}"
-        config = run_config(method, start, seed=seed, rounds=self.args.rounds, data_dir=self.args.data_dir)
+        name = f"{method}-lr{start.lr}-b{start.batch}-s{seed}" + (f"-{start.variant}" if start.variant else "")
+        config = run_config(method, start, seed=seed, rounds=rounds, data_dir=self.args.data_dir)
         config |= {"results-dir": self.results_dir, "run-name": name}
         outcome = self.sim.run(run_config=config, num_supernodes=WRITERS, extra_federation=self.args.federation)
         if not outcome.ok:
@@ -164,26 +192,83 @@ def cell(values: list[float], fmt: str) -> str:
     return f"{mean:{fmt}} ± {half:{fmt}}" if len(values) > 1 else f"{mean:{fmt}}"
 
 
-def report(bench: Bench, starts: list[Start], seeds: list[int], grid: list[dict]) -> tuple[dict, dict]:
-    """The report (figures, and the keys of the runs in the run log) and the runs themselves, by start and method."""
-    runs = {(s.label, m): [r for seed in seeds if (r := bench.run(m, s, seed))] for s in starts for m in METHODS}
-    tuned = runs[("baseline", "fedavg")]
+Arm = tuple[Start, str]  # a start and the method run from it
+
+
+def arms_of(baseline: Start, *, fix: bool) -> list[Arm]:
+    """Both methods from the baseline and the paper's bad starts, and FATHOM's fix from the bad lr."""
+    starts = [baseline, Start("bad lr", BAD_LR, baseline.batch), Start("bad batch", baseline.lr, BAD_BATCH)]
+    arms = [(start, method) for start in starts for method in METHODS]
+    if fix:
+        arms.append((Start("bad lr", BAD_LR, baseline.batch, "fix", tuple(FIX.items())), "fathom"))
+    return arms
+
+
+def run_all(bench: Bench, arms: list[Arm], seeds: list[int]) -> None:
+    """Every arm for one seed before the next seed, so a partial run log covers every arm."""
+    for seed in seeds:
+        for start, method in arms:
+            bench.run(method, start, seed)
+
+
+def arm_name(start: Start, method: str) -> str:
+    return f"{start.label}|{method}" + (f"|{start.variant}" if start.variant else "")
+
+
+def plateau_drift(result: dict) -> float:
+    """Mean accuracy over the plateau window less the mean over the window before it."""
+    accuracy = [a for _, a in result["curve"]]
+    width = plateau_window(len(accuracy))
+    return statistics.mean(accuracy[-width:]) - statistics.mean(accuracy[-2 * width : -width])
+
+
+def h_signal(result: dict, level: float) -> dict | None:
+    """FATHOM's H while the accuracy is below ``level`` (the initial plateau) and after it."""
+    if "H" not in result["trajectory"]:
+        return None
+    accuracy = [a for _, a in result["curve"]]
+    escape = next((i for i, a in enumerate(accuracy) if a >= level), len(accuracy))
+    values = result["trajectory"]["H"][1:]  # round 1 has no previous update: H = 0 by definition
+    before, after = values[: max(escape - 1, 0)], values[max(escape - 1, 0) :]
+    return {
+        "rounds-below": escape, "H-mean-below": statistics.mean(before) if before else None,
+        "H-positive-share-below": sum(h > 0 for h in before) / len(before) if before else None,
+        "H-mean-after": statistics.mean(after) if after else None,
+        "lr-at-escape": result["trajectory"]["lr"][min(escape, len(accuracy) - 1)],
+    }  # fmt: skip
+
+
+def report(bench: Bench, arms: list[Arm], seeds: list[int], grid: list[dict]) -> tuple[dict, dict]:
+    """The report (figures, and the keys of the runs in the run log) and the runs themselves, by arm."""
+    runs = {arm_name(s, m): (s, m, [r for seed in seeds if (r := bench.run(m, s, seed))]) for s, m in arms}
+    tuned = runs["baseline|fedavg"][2]
+    if not tuned:
+        raise SystemExit("no tuned FedAvg run is recorded yet: run without --report-only first")
+    for result in (r for _, _, results in runs.values() for r in results):
+        result["plateau"] = statistics.mean(a for _, a in result["curve"][-plateau_window(len(result["curve"])) :])
     plateau = statistics.mean(r["plateau"] for r in tuned)
     target = TARGET_SHARE * plateau
     rows = []
-    for (label, method), results in runs.items():
+    for name, (start, method, results) in runs.items():
+        if not results:
+            continue
         reached = [to_target(r, target) for r in results]
         hits = [(t, g) for t, g in reached if t is not None]
+        h = [s for r in results if (s := h_signal(r, ESCAPE_LEVEL)) is not None]
         rows.append({
-            "start": label, "method": method, "lr0": results[0]["lr"], "batch0": results[0]["batch"],
-            "seeds": len(results), "reached": len(hits),
+            "arm": name, "start": start.label, "method": method, "variant": start.variant,
+            "settings": dict(start.extra), "lr0": start.lr, "batch0": start.batch,
+            "seeds": [r["seed"] for r in results], "reached": len(hits),
             "rounds-to-target": [t for t, _ in hits], "grads-to-target": [g for _, g in hits],
-            "final-accuracy": [r["final-accuracy"] for r in results],
+            "final-accuracy": [r["final-accuracy"] for r in results], "plateau": [r["plateau"] for r in results],
+            "plateau-drift": [plateau_drift(r) for r in results],
+            "h-signal": h, "final-lr": [r["trajectory"]["lr"][-1] for r in results if "lr" in r["trajectory"]],
             "seconds-per-round": statistics.median(r["seconds-per-round"] for r in results),
+            "wall-seconds": sum(r["wall-seconds"] for r in results),
         })  # fmt: skip
     ratios = {}
     base = {r["method"]: r for r in rows if r["start"] == "baseline"}
-    if base["fedavg"]["reached"] and base["fathom"]["reached"]:
+    if base.get("fedavg", {}).get("reached") and base.get("fathom", {}).get("reached"):
         for key in ("rounds-to-target", "grads-to-target"):
             ratios[key] = statistics.mean(base["fathom"][key]) / statistics.mean(base["fedavg"][key])
     rep = {
@@ -198,37 +283,47 @@ def report(bench: Bench, starts: list[Start], seeds: list[int], grid: list[dict]
             "lr": GRID_LR,
             "batch": GRID_BATCH,
             "epochs": 1,
+            "rounds": bench.args.grid_rounds,
             "plateaus": [{"lr": r["lr"], "batch": r["batch"], "plateau": r["plateau"]} for r in grid],
         },
-        "baseline": {"lr": starts[0].lr, "batch": starts[0].batch},
+        "baseline": {"lr": arms[0][0].lr, "batch": arms[0][0].batch},
+        "plateau-window": plateau_window(bench.args.rounds),
         "tuned-plateau": plateau,
         "target": target,
+        "escape-level": ESCAPE_LEVEL,
+        "fix": FIX,
         "rows": rows,
         "fathom/fedavg at baseline": ratios,
+        "complete": all(len(results) == len(seeds) for _, _, results in runs.values()),
         "federation": bench.args.federation,
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
         # the runs themselves (curves, trajectories) are in the run log; the report names them
-        "runs": {f"{label}|{method}": [bench.log.key(r) for r in results] for (label, method), results in runs.items()},
+        "runs": {name: [bench.log.key(r) for r in results] for name, (_, _, results) in runs.items()},
     }
-    return rep, {f"{label}|{method}": results for (label, method), results in runs.items()}
+    return rep, {name: results for name, (_, _, results) in runs.items()}
 
 
 def markdown(rep: dict) -> str:
     lines = [
         f"Target {rep['target']:.4f} = {TARGET_SHARE:.0%} of tuned FedAvg's plateau {rep['tuned-plateau']:.4f} "
-        f"(lr {rep['baseline']['lr']}, batch {rep['baseline']['batch']}, 1 epoch); {rep['rounds']} rounds, "
-        "tested after every round; mean ± 95% interval over the seeds that reached the target.",
+        f"(lr {rep['baseline']['lr']}, batch {rep['baseline']['batch']}, 1 epoch; plateau = mean test accuracy "
+        f"over the last {rep['plateau-window']} rounds); {rep['rounds']} rounds, tested after every round; "
+        "mean ± 95% interval over the seeds that reached the target."
+        + ("" if rep["complete"] else " **Incomplete: some arms have fewer seeds than asked (see seeds).**"),
         "",
-        "| start (lr0, batch0) | method | reached | rounds to target | per-example gradients to target "
-        "| final accuracy | s/round |",
-        "|---|---|---|---|---|---|---|",
+        "| start (lr0, batch0) | method | seeds | reached | rounds to target | per-example gradients to target "
+        "| plateau | drift of the plateau | final lr | s/round |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rep["rows"]:
+        method = r["method"] + (f" ({r['variant']}: {_settings(r['settings'])})" if r["variant"] else "")
+        lr = cell(r["final-lr"], ".4f") if r["method"] == "fathom" else f"{r['lr0']}"
         lines.append(
-            f"| {r['start']} ({r['lr0']}, {r['batch0']}) | {r['method']} | {r['reached']}/{r['seeds']} "
-            f"| {cell(r['rounds-to-target'], '.0f')} | {cell(r['grads-to-target'], ',.0f')} "
-            f"| {cell(r['final-accuracy'], '.4f')} | {r['seconds-per-round']:.2f} |"
+            f"| {r['start']} ({r['lr0']}, {r['batch0']}) | {method} | {len(r['seeds'])} "
+            f"| {r['reached']}/{len(r['seeds'])} | {cell(r['rounds-to-target'], '.0f')} "
+            f"| {cell(r['grads-to-target'], ',.0f')} | {cell(r['plateau'], '.4f')} "
+            f"| {cell(r['plateau-drift'], '+.4f')} | {lr} | {r['seconds-per-round']:.2f} |"
         )
     if rep["fathom/fedavg at baseline"]:
         ratio = rep["fathom/fedavg at baseline"]
@@ -237,39 +332,109 @@ def markdown(rep: dict) -> str:
             f"FATHOM / FedAvg from the baseline start: rounds {ratio['rounds-to-target']:.2f}x, per-example "
             f"gradients {ratio['grads-to-target']:.2f}x (paper: about 0.67x and 0.68x).",
         ]
+    signal = [r for r in rep["rows"] if r["h-signal"]]
+    if signal:
+        lines += [
+            "",
+            f"FATHOM's H = -cos(Delta_t, Delta_sm) while the accuracy stays below {rep['escape-level']} (the "
+            "initial plateau) and after; H > 0 lowers the lr. Mean ± 95% interval over seeds.",
+            "",
+            "| arm | rounds below | mean H below | share of rounds with H > 0 below | mean H after | lr at escape |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in signal:
+            h = r["h-signal"]
+            lines.append(
+                f"| {r['arm']} | {cell([s['rounds-below'] for s in h], '.0f')} "
+                f"| {cell([s['H-mean-below'] for s in h if s['H-mean-below'] is not None], '+.3f')} "
+                f"| {cell([s['H-positive-share-below'] for s in h if s['H-positive-share-below'] is not None], '.2f')} "
+                f"| {cell([s['H-mean-after'] for s in h if s['H-mean-after'] is not None], '+.3f')} "
+                f"| {cell([s['lr-at-escape'] for s in h], '.4f')} |"
+            )
     if rep["grid"]["plateaus"]:
         grid = ", ".join(f"({g['lr']}, {g['batch']}) {g['plateau']:.4f}" for g in rep["grid"]["plateaus"])
-        lines += ["", f"FedAvg grid (lr, batch) -> plateau, seed {rep['seeds'][0]}: {grid}."]
+        lines += ["", f"FedAvg grid (lr, batch) -> plateau after {rep['grid']['rounds']} rounds, seed "
+                  f"{rep['seeds'][0]}: {grid}."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _settings(extra: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in extra.items())
+
+
+def pilot(bench: Bench, batch: int) -> dict:
+    """FATHOM from the bad lr with each of PILOT's settings, seed 0, PILOT_ROUNDS rounds; the paper's for reference.
+
+    The paper's setting is read from its long run's first PILOT_ROUNDS rounds (run it first).
+    """
+    rows = []
+    paper = bench.log.get({"method": "fathom", "lr": BAD_LR, "batch": batch, "seed": 0, "rounds": bench.args.rounds,
+                           "variant": ""})  # fmt: skip
+    cases = [("paper (a_sm 0.5, gamma-lr 0.01)", {}, paper)] if paper else []
+    for name, extra in PILOT.items():
+        start = Start("bad lr", BAD_LR, batch, name, tuple(extra.items()))
+        cases.append((name, extra, bench.run("fathom", start, 0, rounds=PILOT_ROUNDS)))
+    for name, extra, result in cases:
+        if result is None:
+            continue
+        accuracy = [a for _, a in result["curve"]][:PILOT_ROUNDS]
+        lr, h = result["trajectory"]["lr"][:PILOT_ROUNDS], result["trajectory"]["H"][1:PILOT_ROUNDS]
+        rows.append({"variant": name, "settings": extra, "accuracy-at": {t: accuracy[t - 1] for t in (50, 100, 150)},
+                     "lr-at": {t: lr[t - 1] for t in (50, 100, 150)}, "mean-H": statistics.mean(h)})  # fmt: skip
+    return {"seed": 0, "rounds": PILOT_ROUNDS, "start": {"lr": BAD_LR, "batch": batch}, "rows": rows,
+            "chosen": FIX}  # fmt: skip
+
+
+def pilot_markdown(rep: dict) -> str:
+    lines = [
+        f"FATHOM from lr {rep['start']['lr']} (batch {rep['start']['batch']}), seed {rep['seed']}, "
+        f"{rep['rounds']} rounds: test accuracy and lr at rounds 50, 100 and 150, and mean H over rounds 2-150.",
+        "",
+        "| settings | accuracy 50 / 100 / 150 | lr 50 / 100 / 150 | mean H |",
+        "|---|---|---|---|",
+    ]
+    for r in rep["rows"]:
+        acc = " / ".join(f"{a:.3f}" for a in r["accuracy-at"].values())
+        lr = " / ".join(f"{v:.4f}" for v in r["lr-at"].values())
+        lines.append(f"| {r['variant']} | {acc} | {lr} | {r['mean-H']:+.3f} |")
     return "\n".join(lines) + "\n"
 
 
 def plot(rep: dict, runs: dict[str, list[dict]], path: Path) -> None:
-    """Accuracy and FATHOM's lr, epochs and batch size per round, one line per run."""
+    """Accuracy, and FATHOM's lr, H, epochs and batch size per round, one line per run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
-    colours = {"baseline": "tab:blue", "bad lr": "tab:orange", "bad batch": "tab:green"}
+    fig, axes = plt.subplots(1, 5, figsize=(22, 4))
+    colours = {"baseline": "tab:blue", "bad lr": "tab:orange", "bad batch": "tab:green", "bad lr|fix": "tab:red"}
     for key, results in runs.items():
-        label, method = key.split("|")
+        label, method, *variant = key.split("|")
+        colour = colours["|".join([label, *variant])]
         style = "-" if method == "fathom" else ":"
         for i, r in enumerate(results):
-            name = f"{method}, {label}" if i == 0 else None
-            axes[0].plot(*zip(*r["curve"], strict=True), style, color=colours[label], label=name, alpha=0.8)
-            for ax, hp in zip(axes[1:], ("lr", "local-epochs", "batch-size"), strict=True):
-                if method == "fathom":  # FedAvg's values are its constant settings
-                    ax.plot(range(1, len(r["trajectory"][hp]) + 1), r["trajectory"][hp], color=colours[label],
-                            label=f"{label}" if i == 0 else None, alpha=0.8)  # fmt: skip
+            name = f"{method}, {' '.join([label, *variant])}" if i == 0 else None
+            axes[0].plot(*zip(*r["curve"], strict=True), style, color=colour, label=name, alpha=0.8, lw=0.8)
+            if method != "fathom":  # FedAvg's values are its constant settings
+                continue
+            for ax, hp in zip(axes[1:], ("lr", "H", "local-epochs", "batch-size"), strict=True):
+                values = r["trajectory"].get(hp)
+                if values is None:
+                    continue
+                if hp == "H":  # a 20-round moving mean: one round's cosine is mostly noise
+                    values = np.convolve(values, np.ones(20) / 20, mode="valid")
+                ax.plot(range(1, len(values) + 1), values, color=colour, label=name, alpha=0.8, lw=0.8)
     axes[0].axhline(rep["target"], color="grey", lw=0.8)
-    titles = ("test accuracy (FedAvg dotted)", "FATHOM lr", "FATHOM epochs", "FATHOM batch size")
+    axes[2].axhline(0.0, color="grey", lw=0.8)
+    titles = ("test accuracy (FedAvg dotted)", "FATHOM lr", "FATHOM H (20-round mean)", "FATHOM epochs",
+              "FATHOM batch size")  # fmt: skip
     for ax, title in zip(axes, titles, strict=True):
         ax.set_title(title)
         ax.set_xlabel("round")
         ax.legend(fontsize=7)
     axes[1].set_yscale("log")
-    axes[3].set_yscale("log")
+    axes[4].set_yscale("log")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -279,7 +444,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one seed, 30 rounds, no grid (lr 0.1, batch 16)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--rounds", type=int, default=120)
+    parser.add_argument("--rounds", type=int, default=500)
+    parser.add_argument("--grid-rounds", type=int, default=120, help="rounds of each FedAvg grid run (seed 0)")
+    parser.add_argument("--no-fix", action="store_true", help="leave out FATHOM's fix from the bad lr")
+    parser.add_argument("--pilot", action="store_true", help=f"only the fix's pilot: {', '.join(PILOT)} "
+                        f"from the bad lr, seed 0, {PILOT_ROUNDS} rounds (fathom_fix_pilot.json)")  # fmt: skip
     parser.add_argument("--report-only", action="store_true", help="the report from the recorded runs, no new runs")
     parser.add_argument("--data-dir", type=Path, default=SHARED_DATA / "femnist-leaf")
     parser.add_argument("--federation", default="client-resources-num-cpus=1")
@@ -288,7 +457,7 @@ def main() -> None:
     if not (args.data_dir / "train").is_dir():
         raise SystemExit(f"B2 needs LEAF FEMNIST (train/ and test/ json) under {args.data_dir} (see --data-dir)")
     if args.quick:
-        args.seeds, args.rounds = args.seeds[:1], 30
+        args.seeds, args.rounds, args.no_fix = args.seeds[:1], 30, True
         args.out = QUICK_RESULTS / args.out.name
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as results_dir:
@@ -299,8 +468,16 @@ def main() -> None:
                 baseline, grid = Start("baseline", 0.1, 16), []
             else:
                 baseline, grid = tune(bench, args.seeds[0])
-            starts = [baseline, Start("bad lr", BAD_LR, baseline.batch), Start("bad batch", baseline.lr, BAD_BATCH)]
-            rep, runs = report(bench, starts, args.seeds, grid)
+            if args.pilot:
+                rep = pilot(bench, baseline.batch)
+                args.out.with_name("fathom_fix_pilot.json").write_text(json.dumps(rep, indent=1) + "\n")
+                args.out.with_name("fathom_fix_pilot.md").write_text(pilot_markdown(rep))
+                print(pilot_markdown(rep))
+                return
+            arms = arms_of(baseline, fix=not args.no_fix)
+            if sim is not None:
+                run_all(bench, arms, args.seeds)
+            rep, runs = report(bench, arms, args.seeds, grid)
         finally:
             if sim is not None:
                 sim.close()
