@@ -339,13 +339,14 @@ def markdown(rep: dict) -> str:
             f"FATHOM's H = -cos(Delta_t, Delta_sm) while the accuracy stays below {rep['escape-level']} (the "
             "initial plateau) and after; H > 0 lowers the lr. Mean ± 95% interval over seeds.",
             "",
-            "| arm | rounds below | mean H below | share of rounds with H > 0 below | mean H after | lr at escape |",
+            "| run | rounds below | mean H below | share of rounds with H > 0 below | mean H after | lr at escape |",
             "|---|---|---|---|---|---|",
         ]
         for r in signal:
             h = r["h-signal"]
+            arm = f"{r['method']} from {r['start']}" + (f" ({r['variant']})" if r["variant"] else "")
             lines.append(
-                f"| {r['arm']} | {cell([s['rounds-below'] for s in h], '.0f')} "
+                f"| {arm} | {cell([s['rounds-below'] for s in h], '.0f')} "
                 f"| {cell([s['H-mean-below'] for s in h if s['H-mean-below'] is not None], '+.3f')} "
                 f"| {cell([s['H-positive-share-below'] for s in h if s['H-positive-share-below'] is not None], '.2f')} "
                 f"| {cell([s['H-mean-after'] for s in h if s['H-mean-after'] is not None], '+.3f')} "
