@@ -189,7 +189,7 @@ def cell(values: list[float], fmt: str) -> str:
     if not values:
         return "-"
     mean, half = interval(values)
-    return f"{mean:{fmt}} ± {half:{fmt}}" if len(values) > 1 else f"{mean:{fmt}}"
+    return f"{mean:{fmt}} ± {half:{fmt.lstrip('+')}}" if len(values) > 1 else f"{mean:{fmt}}"
 
 
 Arm = tuple[Start, str]  # a start and the method run from it
