@@ -87,10 +87,20 @@ class LocalSimulation:
         Folders put on ``PYTHONPATH`` of the SuperLink and every process it starts. An app
         that imports stamen's folders by their short names (the test apps in ``tests/``)
         needs the clone here: installing stamen provides only ``stamen.*``.
+    env
+        More environment for the SuperLink and what it starts; ``{"RAY_ADDRESS": "host:port"}``
+        runs the simulation on that existing Ray cluster instead of a private local one.
 
     """
 
-    def __init__(self, *, app_dir: Path, workdir: Path | None = None, pythonpath: Sequence[Path] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        app_dir: Path,
+        workdir: Path | None = None,
+        pythonpath: Sequence[Path] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.app_dir = Path(app_dir).resolve()
         self._tmp = tempfile.TemporaryDirectory(prefix="stamen-flwr-")
         self.home = Path(self._tmp.name) / "flwr-home"
@@ -105,6 +115,7 @@ class LocalSimulation:
             "FLWR_DISABLE_UPDATE_CHECK": "1",
             "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.http_port),
             "FLWR_LOCAL_CONTROL_API_PORT": str(self.control_port),
+            **(env or {}),
         }
         if pythonpath:
             inherited = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import ClassVar
@@ -40,6 +41,7 @@ from strategies.contracts.common import (
     NUM_TEST,
     NUM_TRAIN,
     PARTITION_ID,
+    RAY_NODE,
     SAMPLE_GRADS,
     SMALL_BATCH,
     TEST_CLASSES,
@@ -58,6 +60,18 @@ def round_generator(seed: int, partition_id: int, server_round: int, purpose: st
     """A generator that depends only on (seed, partition, round, purpose): reproducible runs."""
     digest = hashlib.sha256(f"{seed}/{partition_id}/{server_round}/{purpose}".encode()).digest()
     return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def ray_node() -> str:
+    """The id of the Ray node this process runs on, or "" outside a Ray worker.
+
+    Looked up only where Ray is already imported (a simulation's ClientApp actor), so
+    a deployed SuperNode never imports it.
+    """
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return ""
+    return str(ray.get_runtime_context().get_node_id())
 
 
 def torch_device(name: str) -> torch.device:
@@ -223,7 +237,7 @@ class TorchClient(NumPyClient):
         raised: Flower would print a traceback per client (see ``clients/unavailable.py``).
         """
         properties = {PARTITION_ID: self.partition_id, NUM_PARTITIONS: self.num_partitions, DATA_DIR: self.data_dir,
-                      NUM_TRAIN: len(self.train_y), NUM_TEST: len(self.test_y)}  # fmt: skip
+                      NUM_TRAIN: len(self.train_y), NUM_TEST: len(self.test_y), RAY_NODE: ray_node()}  # fmt: skip
         if not self.train_y.is_floating_point():  # classifiers: which classes this client holds
             for name, labels in ((TRAIN_CLASSES, self.train_y), (TEST_CLASSES, self.test_y)):
                 counts = class_counts(labels.cpu().numpy(), 0)

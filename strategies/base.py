@@ -220,6 +220,9 @@ class FederatedStrategy(Strategy):
                 self._log_preflight(left_out, WARNING, "left out: ")
             for line in data_lines(self.nodes.data_report(self.class_names())):
                 log(INFO, "preflight: %s", line)
+            if ray_nodes := self.nodes.ray_nodes():  # a run meant for a Ray cluster shows here whether it reached it
+                log(INFO, "preflight: the clients ran on %d Ray node(s): %s", len(ray_nodes),
+                    ", ".join(f"{node[:12]} ({count} clients)" for node, count in ray_nodes.items()))  # fmt: skip
         self.start()
         return self.global_parameters
 
@@ -457,6 +460,8 @@ class FederatedStrategy(Strategy):
                                   "nodes": self.nodes.data_report(self.class_names())}  # fmt: skip
         if self.nodes.excluded:
             out["nodes-left-out"] = dict(self.nodes.excluded)
+        if ray_nodes := self.nodes.ray_nodes():
+            out["ray-nodes"] = ray_nodes
         return out
 
     def _sample(self, server_round: int, partitions: list[int], fraction: float, purpose: str) -> list[int]:

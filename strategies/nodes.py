@@ -14,6 +14,7 @@ reason logged; any other fault stops the run.
 
 from __future__ import annotations
 
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from logging import INFO, WARNING
 
@@ -30,6 +31,7 @@ from strategies.contracts.common import (
     PREFLIGHT_DETAIL,
     PREFLIGHT_ERROR,
     PREFLIGHT_SCOPE,
+    RAY_NODE,
     TEST_CLASSES,
     TRAIN_CLASSES,
 )
@@ -170,8 +172,15 @@ class NodeDirectory:
             for key in (TRAIN_CLASSES, TEST_CLASSES):
                 if key in answer:
                     entry[key] = named_counts(str(answer[key]), class_names)
+            if answer.get(RAY_NODE):
+                entry[RAY_NODE] = str(answer[RAY_NODE])
             report.append(entry)
         return report
+
+    def ray_nodes(self) -> dict[str, int]:
+        """Admitted clients per Ray node they answered the preflight on (empty outside Ray), most first."""
+        counts = Counter(str(a[RAY_NODE]) for a in self.properties.values() if a.get(RAY_NODE))
+        return dict(counts.most_common())
 
 
 def named_counts(text: str, class_names: tuple[str, ...] = ()) -> dict[str, int]:

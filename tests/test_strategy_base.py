@@ -253,3 +253,42 @@ def test_decode_once_aggregation_is_bit_for_bit_flowers_inplace_fedavg():
     for ours, flowers in zip(mine, expected, strict=True):
         assert ours.dtype == flowers.dtype
         np.testing.assert_array_equal(ours, flowers)
+
+
+class RayProxy(FakeProxy):
+    """A node that answers the preflight from the given Ray node ("" outside Ray)."""
+
+    def __init__(self, cid: str, ray_node: str) -> None:
+        super().__init__(cid)
+        self.ray_node = ray_node
+
+    def get_properties(self, ins, timeout, group_id):
+        res = super().get_properties(ins, timeout, group_id)
+        res.properties.update({"num-partitions": 5, "ray-node": self.ray_node})
+        return res
+
+
+def test_the_preflight_counts_the_ray_nodes_the_clients_ran_on_and_the_summary_keeps_them():
+    manager = SimpleClientManager()
+    for cid, node in enumerate(["ray-a", "ray-b", "ray-a", "ray-a", "ray-b"]):
+        manager.register(RayProxy(str(cid), node))
+    strategy = FedAvg(settings=settings(strategy="fedavg", min_available_clients=5),
+                      initial_parameters=ndarrays_to_parameters([np.zeros(3, dtype=np.float32)]))  # fmt: skip
+    strategy.initialize_parameters(manager)
+    assert strategy.nodes.ray_nodes() == {"ray-a": 3, "ray-b": 2}
+    summary = strategy.summary("completed")
+    assert summary["ray-nodes"] == {"ray-a": 3, "ray-b": 2}
+    assert [entry["ray-node"] for entry in summary["nodes"]] == ["ray-a", "ray-b", "ray-a", "ray-a", "ray-b"]
+
+
+def test_outside_ray_no_ray_node_is_reported():
+    from clients.base import ray_node
+
+    manager = SimpleClientManager()
+    for cid in range(3):
+        manager.register(RayProxy(str(cid), ""))
+    strategy = FedAvg(settings=settings(strategy="fedavg", min_available_clients=3),
+                      initial_parameters=ndarrays_to_parameters([np.zeros(3, dtype=np.float32)]))  # fmt: skip
+    strategy.initialize_parameters(manager)
+    assert strategy.nodes.ray_nodes() == {} and "ray-nodes" not in strategy.summary("completed")
+    assert ray_node() == ""  # this test process has started no Ray

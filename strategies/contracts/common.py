@@ -51,6 +51,7 @@ PREFLIGHT_ERROR, PREFLIGHT_DETAIL, PREFLIGHT_SCOPE = "preflight-error", "preflig
 # What every node reports of its data: its own data-dir (deployed devices), sizes, and "index:count ..." per split.
 DATA_DIR, NUM_TRAIN, NUM_TEST = "data-dir", "num-train", "num-test"
 TRAIN_CLASSES, TEST_CLASSES = "train-classes", "test-classes"
+RAY_NODE = "ray-node"  # the Ray node id a simulated client answered the preflight on ("" outside Ray)
 SMALL_BATCH = "small-batch"  # 1 when a batch size exceeded the client's training set and min(b, n) was used
 
 FIT_METRICS = (

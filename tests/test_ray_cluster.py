@@ -1,0 +1,48 @@
+"""A simulation on an existing two-node Ray cluster on this machine: the clients run on both nodes, and the run says so.
+
+Flower's simulation engine joins the Ray cluster named by ``RAY_ADDRESS`` in the
+SuperLink's environment (docs/running.md). The cluster is Ray's own test helper,
+``ray.cluster_utils.Cluster``: a head and a second node, one CPU each, on this machine's
+address, started by this process and shut down by it, so no other Ray on the machine is
+touched. (Nodes bound to 127.0.0.1 while the machine has another address left Flower's
+Ray driver waiting for a raylet on that address.)
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import REPO
+
+from app.launcher import LocalSimulation, free_port
+
+pytestmark = pytest.mark.e2e
+CLIENTS = 20
+
+
+def test_a_simulation_on_a_two_node_ray_cluster_runs_clients_on_both_nodes_and_reports_them(tmp_path):
+    cluster_utils = pytest.importorskip("ray.cluster_utils", reason="Ray comes with flwr[simulation]")
+    cluster = cluster_utils.Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "gcs_server_port": free_port(), "include_dashboard": False},
+    )
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        node_ids = {cluster.head_node.node_id, *(node.node_id for node in cluster.worker_nodes)}
+        assert len(node_ids) == 2
+        print(f"Ray cluster at {cluster.address}: nodes {sorted(node_ids)}")
+        config = {"num-server-rounds": 2, "fraction-fit": 0.5, "results-dir": str(tmp_path), "run-name": "on-ray"}
+        with LocalSimulation(app_dir=REPO, env={"RAY_ADDRESS": cluster.address}) as sim:
+            outcome = sim.run(run_config=config, num_supernodes=CLIENTS, timeout_s=600,
+                              extra_federation="client-resources-num-cpus=1")  # fmt: skip
+        assert outcome.ok, f"status {outcome.status}\n{outcome.log_tail}"
+        summary = json.loads((tmp_path / "on-ray" / "summary.json").read_text())
+        print(f"clients per Ray node (preflight): {summary['ray-nodes']}")
+        assert set(summary["ray-nodes"]) == node_ids
+        assert sum(summary["ray-nodes"].values()) == CLIENTS
+        assert all(entry["ray-node"] in node_ids for entry in summary["nodes"])
+        assert "the clients ran on 2 Ray node(s)" in outcome.log
+    finally:
+        cluster.shutdown()
