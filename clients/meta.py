@@ -55,7 +55,7 @@ class MetaGradient:
     """An estimate of ``(I - alpha * Hessian) grad f(w - alpha grad f(w))`` and its cost."""
 
     direction: Params
-    outer_loss: float
+    outer_loss: torch.Tensor  # 0-d, on the model's device (see clients.training.Step)
     grad_evals: int
     hvp_evals: int
 
@@ -104,14 +104,14 @@ def meta_gradient(
     inner, _ = gradient(loss_fn, params, inner_batch)
     outer, outer_loss = gradient(loss_fn, axpy(params, inner, -alpha), outer_batch)
     if variant == "fo":
-        return MetaGradient(outer, float(outer_loss), 2, 0)
+        return MetaGradient(outer, outer_loss, 2, 0)
     if variant == "hf":
         curvature = finite_difference_hvp(loss_fn, params, outer, hessian_batch, delta, relative=relative_delta)
         grad_evals, hvp_evals = 4, 0
     else:
         curvature = hessian_vector_product(loss_fn, params, outer, hessian_batch)
         grad_evals, hvp_evals = 2, 1
-    return MetaGradient(axpy(outer, curvature, -alpha), float(outer_loss), grad_evals, hvp_evals)
+    return MetaGradient(axpy(outer, curvature, -alpha), outer_loss, grad_evals, hvp_evals)
 
 
 def meta_direction(

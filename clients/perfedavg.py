@@ -45,6 +45,8 @@ class PerFedAvgClient(TorchClient):
         A batch larger than the training set takes all of it (min(b, n); ``strict-batches`` refuses instead).
         """
         num = len(self.train_y)
+        # every step's draws first, in the order they were always drawn, so they reach the device in one copy
+        drawn = [rng.choice(num, min(size, num), replace=False) for _ in range(steps) for size in sizes]
+        batches = batches_of(self.train_x, self.train_y, drawn)
         for _ in range(steps):
-            indices = [rng.choice(num, min(size, num), replace=False) for size in sizes]
-            yield tuple(batches_of(self.train_x, self.train_y, indices))
+            yield tuple(next(batches) for _ in sizes)

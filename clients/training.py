@@ -91,10 +91,14 @@ def axpy(params: Params, direction: Iterable[Tensor], scale: float) -> Params:
 
 @dataclass(frozen=True)
 class Step:
-    """One local step: the direction taken (before the step size), the task loss, and what it cost."""
+    """One local step: the direction taken (before the step size), the task loss, and what it cost.
+
+    ``loss`` stays a 0-d tensor on the model's device: reading it as a number every step
+    would make a GPU wait for each step before the next is queued.
+    """
 
     direction: Params
-    loss: float
+    loss: Tensor
     grad_evals: int
     sample_grads: int
     hvp_evals: int = 0
@@ -106,7 +110,7 @@ Direction = Callable[[LossFn, Params, object, ExtraLoss | None], Step]
 def gradient_direction(loss_fn: LossFn, params: Params, batch: Batch, extra_loss: ExtraLoss | None = None) -> Step:
     """SGD's direction: the mini-batch gradient (one gradient evaluation, one per example)."""
     grads, loss = gradient(loss_fn, params, batch, extra_loss)
-    return Step(grads, float(loss), 1, len(batch[1]))
+    return Step(grads, loss, 1, len(batch[1]))
 
 
 @dataclass(frozen=True)
@@ -131,14 +135,21 @@ class Alignment:
 
     def __init__(self) -> None:
         self.running: torch.Tensor | None = None
-        self.phi = math.inf
+        self.smallest: torch.Tensor | None = None  # on the device, float64: read once, by ``phi``
 
     def __call__(self, step: Step) -> None:
         flat = torch.cat([g.reshape(-1) for g in step.direction])
         self.running = flat.clone() if self.running is None else self.running + flat
-        norm = float(flat.norm()) * float(self.running.norm())
-        cosine = min(1.0, max(-1.0, float(torch.dot(flat, self.running)) / norm)) if norm > 0 else 0.0
-        self.phi = min(self.phi, cosine)
+        # float64 from the float32 norms and dot product, as Python floats would give, without a host round trip
+        norm = flat.norm().double() * self.running.norm().double()
+        dot = torch.dot(flat, self.running).double()
+        cosine = torch.where(norm > 0, (dot / norm).clamp(-1.0, 1.0), torch.zeros_like(norm))
+        self.smallest = cosine if self.smallest is None else torch.minimum(self.smallest, cosine)
+
+    @property
+    def phi(self) -> float:
+        """The smallest cosine so far (``inf`` before any step)."""
+        return math.inf if self.smallest is None else float(self.smallest)
 
 
 def train_steps(
@@ -184,7 +195,7 @@ def train_steps(
     with torch.no_grad():
         for target, value in zip(model.parameters(), params, strict=True):
             target.copy_(value)
-    mean = float(np.mean(losses)) if losses else float("nan")
+    mean = float(torch.stack(losses).double().mean()) if losses else float("nan")  # the round's one read
     return TrainReport(mean, len(losses), grad_evals, sample_grads, hvp_evals)
 
 
@@ -207,10 +218,19 @@ def batch_indices(num_examples: int, batch_size: int, steps: int, rng: np.random
 
 
 def batches_of(x: Tensor, y: Tensor, indices: Iterable[np.ndarray]) -> Iterator[Batch]:
-    """``(x[idx], y[idx])`` for every index array."""
-    for idx in indices:
-        index = torch.as_tensor(idx, device=x.device)
-        yield x[index], y[index]
+    """``(x[idx], y[idx])`` for every index array.
+
+    The indices are drawn all at once, when the first batch is asked for, and sent to
+    ``x``'s device in one copy: a copy per step would make a GPU finish each step before
+    the next is queued. They are the same indices as drawn one by one, as long as
+    nothing else draws from their generator in between (nothing does while training).
+    """
+    arrays = list(indices)
+    if not arrays:
+        return
+    index = torch.as_tensor(np.concatenate(arrays), device=x.device)
+    for part in torch.split(index, [len(a) for a in arrays]):
+        yield x[part], y[part]
 
 
 def steps_for(num_examples: int, batch_size: int, local_steps: int, local_epochs: float) -> int:
