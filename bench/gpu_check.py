@@ -1,0 +1,124 @@
+"""GPU check: Per-FedAvg's local meta-updates on the CPU and on CUDA, side by side in one process.
+
+Two cases, each timed on ``cpu`` and on ``cuda`` with the real strategy and clients
+driven in-process (``bench/inprocess.py``: Flower's Strategy API without the
+transport), after ``--warmup`` rounds:
+
+- ``b1-hf``: benchmark B1's Per-FedAvg HF row (tau = 10, alpha = 0.01, batches of 40,
+  50 users, 10 a round, the MLP) on ``--data-dir`` (MNIST 10k; the embedded sample with
+  the default partition where it is absent);
+- ``default-job``: the app's defaults (``flwr run .``'s job), 50 clients.
+
+Per round: wall seconds; per step: a round's seconds over the local steps its clients
+took. Then the default job runs once through ``flwr run`` with ``device = "cuda"`` and
+``client-resources-num-gpus = 0.25`` (four clients share the GPU), to show the
+deployment path end to end. Writes ``bench/results/gpu_check.json`` (medians, and
+CPU / CUDA ratios).
+
+    python bench/gpu_check.py               # on a machine with a CUDA device (a few minutes)
+    python bench/gpu_check.py --cpu-only    # the CPU half only, to check the script anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from app.launcher import LocalSimulation  # noqa: E402
+from bench.common import QUICK_RESULTS, SHARED_DATA, machine  # noqa: E402
+from bench.inprocess import InProcessRun  # noqa: E402
+
+USERS = 50
+B1_HF = {
+    "strategy": "perfedavg", "perfedavg-variant": "hf", "dataset": "mnist", "partitioner": "perfedavg-paper",
+    "images-per-class": 34, "model": "mlp", "fraction-fit": 0.2, "aggregation": "uniform", "local-steps": 10,
+    "lr": 0.1, "perfedavg-beta": 0.1, "perfedavg-alpha": 0.01, "perfedavg-delta": 1e-3, "batch-size": 40,
+    "perfedavg-outer-batch-size": 40, "perfedavg-hessian-batch-size": 40, "adapt-steps": 1, "adapt-lr": 0.01,
+    "adapt-batch-size": 40,
+}  # fmt: skip
+
+
+def cases(data_dir: Path) -> dict[str, dict]:
+    b1 = B1_HF | {"data-dir": str(data_dir)}
+    if not (data_dir / "train-images-idx3-ubyte").exists() and not any(data_dir.glob("**/train-images*")):
+        b1 = {k: v for k, v in B1_HF.items() if k not in ("dataset", "images-per-class")}  # the embedded sample
+    return {"b1-hf": b1, "default-job": {}}
+
+
+def time_case(config: dict, device: str, *, warmup: int, rounds: int) -> dict:
+    """Median seconds per round and per local step of ``rounds`` rounds after ``warmup``."""
+    run = InProcessRun(run_config=config | {"device": device, "eval-every": 10**6, "num-server-rounds": 10**6},
+                       num_clients=USERS)  # fmt: skip
+    round_s, step_s = [], []
+    for i in range(warmup + rounds):
+        started = time.perf_counter()
+        metrics = run.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        if i >= warmup:
+            round_s.append(seconds)
+            step_s.append(seconds / max(1.0, float(metrics.get("client-steps", 1))))
+    return {"round-seconds": statistics.median(round_s), "step-seconds": statistics.median(step_s),
+            "rounds": rounds, "train-loss": metrics.get("train-loss")}  # fmt: skip
+
+
+def through_flower(rounds: int) -> dict:
+    """The default job on the GPU through ``flwr run``: status and wall seconds."""
+    with tempfile.TemporaryDirectory() as results, LocalSimulation(app_dir=REPO) as sim:
+        config = {"device": "cuda", "num-server-rounds": rounds, "results-dir": results, "run-name": "gpu"}
+        outcome = sim.run(run_config=config, num_supernodes=USERS, timeout_s=900,
+                          extra_federation="client-resources-num-cpus=1 client-resources-num-gpus=0.25")  # fmt: skip
+        summary = json.loads((Path(results) / "gpu" / "summary.json").read_text()) if outcome.ok else {}
+    return {"status": outcome.status, "wall-seconds": outcome.wall_seconds, "rounds": rounds,
+            "final-personalised-accuracy": summary.get("final-personalised-accuracy"),
+            "log-tail": "" if outcome.ok else outcome.log_tail}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu-only", action="store_true", help="time the CPU half only (no GPU needed)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--flower-rounds", type=int, default=10)
+    parser.add_argument("--data-dir", type=Path, default=SHARED_DATA / "mnist-10k")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gpu_check.json")
+    args = parser.parse_args()
+    if not args.cpu_only and not torch.cuda.is_available():
+        raise SystemExit("gpu_check: torch sees no CUDA device here (torch.cuda.is_available() is False); run it "
+                         "on a GPU machine, or with --cpu-only to check the script")  # fmt: skip
+    devices = ("cpu",) if args.cpu_only else ("cpu", "cuda")
+    out = QUICK_RESULTS / args.out.name if args.cpu_only else args.out
+    report: dict = {"benchmark": "gpu-check", "machine": machine(), "date": time.strftime("%Y-%m-%d"),
+                    "users": USERS, "warmup": args.warmup, "cases": {}}  # fmt: skip
+    for name, config in cases(args.data_dir).items():
+        report["cases"][name] = {"config": config}
+        for device in devices:
+            timed = time_case(config, device, warmup=args.warmup, rounds=args.rounds)
+            report["cases"][name][device] = timed
+            print(f"{name} on {device}: {timed['round-seconds']:.3f} s/round, {timed['step-seconds'] * 1e3:.2f} "
+                  f"ms/step", flush=True)  # fmt: skip
+        if "cuda" in devices:
+            cpu, cuda = report["cases"][name]["cpu"], report["cases"][name]["cuda"]
+            report["cases"][name]["cpu/cuda"] = {k: cpu[k] / cuda[k] for k in ("round-seconds", "step-seconds")}
+    if "cuda" in devices:
+        report["flwr-run"] = through_flower(args.flower_rounds)
+        print(f"default job through flwr run on the GPU: {report['flwr-run']['status']}, "
+              f"{report['flwr-run']['wall-seconds']:.0f} s", flush=True)  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
