@@ -18,10 +18,13 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from logging import INFO, WARNING
 
-from flwr.common import GetPropertiesIns, Scalar
+from flwr.app import Message
+from flwr.common import GetPropertiesIns, MessageTypeLegacy, Scalar
 from flwr.common.logger import log
+from flwr.compat.common import recorddict_compat as compat
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
+from flwr.server.compat.grid_client_proxy import GridClientProxy
 
 from strategies.contracts.common import (
     DATA_DIR,
@@ -212,7 +215,16 @@ def data_lines(report: list[dict[str, object]]) -> list[str]:
 
 
 def _ask(proxies: list[ClientProxy], config: dict[str, Scalar]) -> list[dict[str, Scalar] | Exception]:
-    """Every proxy's properties, or the exception that came back instead (its reason travels in the message)."""
+    """Every proxy's properties, or the exception that came back instead (its reason travels in the message).
+
+    Nodes reached through one Flower grid (every ServerApp's) are asked all at once:
+    Flower's proxy waits for its one reply by polling the grid (every 0.1 s in a
+    simulation), so asking node by node, even eight at a time, made the preflight of
+    1,000 nodes take tens of seconds of waiting.
+    """
+    grids = {id(p.grid) for p in proxies if isinstance(p, GridClientProxy)}
+    if proxies and len(grids) == 1 and all(isinstance(p, GridClientProxy) for p in proxies):
+        return _ask_at_once(proxies, config)
 
     def ask(proxy: ClientProxy) -> dict[str, Scalar] | Exception:
         try:
@@ -224,6 +236,31 @@ def _ask(proxies: list[ClientProxy], config: dict[str, Scalar]) -> list[dict[str
         return []
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         return list(pool.map(ask, proxies))
+
+
+def _ask_at_once(proxies: list[GridClientProxy], config: dict[str, Scalar]) -> list[dict[str, Scalar] | Exception]:
+    """The properties of every node behind one grid: one push of a message per node, one wait for all replies.
+
+    The messages and the reading of the replies are those of Flower's
+    ``GridClientProxy.get_properties``, and a failed node's exception reads the same.
+    """
+    messages = [
+        Message(content=compat.getpropertiesins_to_recorddict(GetPropertiesIns(config=config)),
+                dst_node_id=proxy.node_id, message_type=MessageTypeLegacy.GET_PROPERTIES, ttl=REPLY_S)
+        for proxy in proxies
+    ]  # fmt: skip
+    replies = {reply.metadata.src_node_id: reply for reply in proxies[0].grid.send_and_receive(messages)}
+    answers: list[dict[str, Scalar] | Exception] = []
+    for proxy in proxies:
+        reply = replies.get(proxy.node_id)
+        if reply is None:
+            answers.append(TimeoutError(f"node {proxy.node_id} sent no reply"))
+        elif reply.has_error():
+            answers.append(ValueError(f"Message contains an Error (reason: {reply.error.reason}). It originated "
+                                      "during client-side execution of a message."))  # fmt: skip
+        else:
+            answers.append(dict(compat.recorddict_to_getpropertiesres(reply.content).properties))
+    return answers
 
 
 class PreflightError(RuntimeError):

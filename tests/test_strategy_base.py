@@ -292,3 +292,48 @@ def test_outside_ray_no_ray_node_is_reported():
     strategy.initialize_parameters(manager)
     assert strategy.nodes.ray_nodes() == {} and "ray-nodes" not in strategy.summary("completed")
     assert ray_node() == ""  # this test process has started no Ray
+
+
+class OneGrid:
+    """A grid that answers every get_properties message at once, and counts the pushes."""
+
+    def __init__(self, failing: set[int]) -> None:
+        self.failing, self.calls = failing, []
+
+    def send_and_receive(self, messages, *, timeout=None):
+        from flwr.app import Error, Message
+        from flwr.common import Code, GetPropertiesRes, Status
+        from flwr.compat.common import recorddict_compat as compat
+
+        messages = list(messages)
+        self.calls.append(len(messages))
+        replies = []
+        for message in messages:
+            node = message.metadata.dst_node_id
+            message.metadata.__dict__["_message_id"] = f"m{node}"  # what the grid's push would set
+            if node in self.failing:
+                reply = Message(Error(code=0, reason=f"client {node} crashed"), reply_to=message)
+            else:
+                res = GetPropertiesRes(Status(Code.OK, ""), {"partition-id": node - 100, "num-partitions": 0})
+                reply = Message(compat.getpropertiesres_to_recorddict(res), reply_to=message)
+            reply.metadata.__dict__["_src_node_id"] = node
+            replies.append(reply)
+        return replies
+
+
+def test_the_preflight_asks_every_node_behind_a_grid_in_one_push_and_reads_failures_as_flower_does(monkeypatch):
+    from flwr.server.compat.grid_client_proxy import GridClientProxy
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from strategies.nodes import _ask
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)  # what a ServerApp process has
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+
+    grid = OneGrid(failing={103})
+    proxies = [GridClientProxy(node_id=100 + i, grid=grid, run_id=1) for i in range(6)]
+    answers = _ask(proxies, {"server-round": 0})
+    assert grid.calls == [6]  # one push of six messages, not six waits
+    assert [a["partition-id"] for i, a in enumerate(answers) if i != 3] == [0, 1, 2, 4, 5]
+    assert isinstance(answers[3], ValueError) and "client 103 crashed" in str(answers[3])
