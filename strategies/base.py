@@ -131,6 +131,9 @@ class FederatedStrategy(Strategy):
         self.history: list[dict] = []
         self.record: dict = {}
         self.started = time.perf_counter()
+        # when the server started (Unix time) and how long it took to reach round 1, for summary.json
+        self.timing: dict[str, float] = {"server-started-unix": time.time()}
+        self.evaluate_started = self.started
         self.sent_model = self.global_model  # the model sent in the current round
         self.last_good = (0, self.global_model)  # (the round it is the model after, its arrays), known good
         self.nonfinite_rounds = 0  # consecutive rounds with only non-finite replies or losses
@@ -210,6 +213,7 @@ class FederatedStrategy(Strategy):
         node's data (examples per split and class) is logged and kept for ``summary.json``.
         """
         self.nodes.wait_for(client_manager, self.settings.run.min_available_clients)
+        self.timing["nodes-connected-seconds"] = time.perf_counter() - self.started
         if self.settings.run.preflight:
             try:
                 left_out = self.nodes.preflight(client_manager, self.fit_config(0))
@@ -223,6 +227,9 @@ class FederatedStrategy(Strategy):
             if ray_nodes := self.nodes.ray_nodes():  # a run meant for a Ray cluster shows here whether it reached it
                 log(INFO, "preflight: the clients ran on %d Ray node(s): %s", len(ray_nodes),
                     ", ".join(f"{node[:12]} ({count} clients)" for node, count in ray_nodes.items()))  # fmt: skip
+            connected = self.timing["nodes-connected-seconds"]
+            self.timing["preflight-seconds"] = time.perf_counter() - self.started - connected
+            log(INFO, "preflight: took %.1f s", self.timing["preflight-seconds"])
         self.start()
         return self.global_parameters
 
@@ -240,6 +247,7 @@ class FederatedStrategy(Strategy):
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
         config = self.fit_config(server_round)  # the values in force, which the record keeps
+        self.timing.setdefault("first-round-start-seconds", time.perf_counter() - self.started)
         self.sent_model = self.global_model
         self.record = {"round": server_round, "strategy": self.name, "_start": time.perf_counter()}
         self.record.update({f"hp-{k}": v for k, v in config.items() if k != "server-round"})
@@ -282,6 +290,7 @@ class FederatedStrategy(Strategy):
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         if not self.is_evaluation_round(server_round):
             return []
+        self.evaluate_started = time.perf_counter()
         nodes = self.nodes.connected(client_manager)
         chosen = self.sample_evaluate(server_round, sorted(nodes))
         config = {**self.evaluate_config(), "server-round": server_round}
@@ -307,6 +316,7 @@ class FederatedStrategy(Strategy):
         metrics["eval-clients-failed"] = len(results) - len(accepted) + len(failures)
         metrics["eval-clients-nonfinite"] = non_finite
         self.record.update(metrics)
+        self.record["evaluate-seconds"] = time.perf_counter() - self.evaluate_started
         self._record_failures("evaluate", server_round, failures)
         return (metrics["loss"] if accepted else None), metrics
 
@@ -462,6 +472,7 @@ class FederatedStrategy(Strategy):
             out["nodes-left-out"] = dict(self.nodes.excluded)
         if ray_nodes := self.nodes.ray_nodes():
             out["ray-nodes"] = ray_nodes
+        out["timing"] = dict(self.timing)
         return out
 
     def _sample(self, server_round: int, partitions: list[int], fraction: float, purpose: str) -> list[int]:

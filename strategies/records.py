@@ -11,7 +11,8 @@ from strategies.contracts.contract import Metric
 from strategies.screening import Reply
 from strategies.summaries import summarise, weighted_mean
 
-TIMING_KEYS = ("round-seconds", "elapsed-seconds")  # the only fields of a record that differ between identical runs
+# the only fields of a record that differ between identical runs
+TIMING_KEYS = ("round-seconds", "elapsed-seconds", "evaluate-seconds")
 
 
 def fit_totals(replies: Sequence[Reply], specs: Iterable[Metric]) -> dict[str, float | int]:
