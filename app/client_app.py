@@ -14,7 +14,7 @@ from clients.base import TorchClient
 from clients.models import build_model
 from clients.state import ClientState
 from clients.unavailable import UnavailableClient
-from datasets import USER_DATASETS, load_client_data, load_node_data
+from datasets import USER_DATASETS, ClientData, load_client_data, load_node_data
 
 
 @dataclass(frozen=True)
@@ -74,15 +74,20 @@ def build_client(context: Context) -> TorchClient:
         raise ConfigError(f"dataset {settings.data.dataset!r} needs a data-dir: run config key 'data-dir' (one "
                           "folder split over the clients) or each node's own --node-config data-dir")  # fmt: skip
     else:
-        spec = settings.data_spec(place.num_partitions)
-        data = load_client_data(spec, settings.partition_spec(place.num_partitions), place.partition_id)
+        spec, split = settings.data_spec(place.num_partitions), settings.partition_spec(place.num_partitions)
+        data = load_client_data(spec, split, place.partition_id)
+
+        def reload(partition: int) -> ClientData:  # the partition the server sends (a sampled preflight)
+            return load_client_data(spec, split, partition)
+
     message_cost.mark("data")
     model = build_model(settings.training.model, input_shape=tuple(data.train_x.shape[1:]),
                         num_classes=data.num_classes, seed=settings.run.seed)  # fmt: skip
     method = METHODS[settings.run.strategy]
     client = method.client(model=model, data=data, settings=settings, partition_id=place.partition_id,
                            num_partitions=place.num_partitions, data_dir=place.data_dir,
-                           state=ClientState(context.state, owner=method.contract.name))  # fmt: skip
+                           state=ClientState(context.state, owner=method.contract.name),
+                           reload=None if place.data_dir else reload)  # fmt: skip
     message_cost.mark("built")
     return client
 

@@ -134,6 +134,7 @@ class TorchClient(NumPyClient):
         num_partitions: int = 0,
         data_dir: str = "",
         state: ClientState | None = None,
+        reload: Callable[[int], ClientData] | None = None,
     ) -> None:
         if not isinstance(settings.method, self.contract.settings):
             raise TypeError(f"{type(self).__name__} needs {self.contract.settings.__name__}, "
@@ -151,6 +152,11 @@ class TorchClient(NumPyClient):
         self.state = state if state is not None else ClientState(owner=self.contract.name)
         self.device = torch_device(settings.execution.device)
         self.model = model.to(self.device)
+        self.reload = reload
+        self.use_data(data)
+
+    def use_data(self, data: ClientData) -> None:
+        """Hold ``data``'s arrays, on this client's device."""
         self.train_x = to_tensor(data.train_x, self.device)
         self.train_y = torch.as_tensor(data.train_y, device=self.device)
         self.test_x = to_tensor(data.test_x, self.device)
@@ -263,9 +269,17 @@ class TorchClient(NumPyClient):
         self.model.load_state_dict(state, strict=True)
 
     def take_partition(self, config: dict) -> None:
-        """Take the partition number the server sends (a device with its own data learns its number so)."""
-        if PARTITION_ID in config:
-            self.partition_id = int(config[PARTITION_ID])
+        """Take the partition number the server sends (a device with its own data learns its number so).
+
+        A client that can load any partition (``reload``: a simulated node after a sampled
+        preflight, where the server numbers the nodes) serves the one it is sent.
+        """
+        if PARTITION_ID not in config:
+            return
+        partition = int(config[PARTITION_ID])
+        if partition != self.partition_id and self.reload is not None:
+            self.use_data(self.reload(partition))
+        self.partition_id = partition
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         self.set_parameters(parameters)

@@ -49,6 +49,7 @@ class DittoClient(TorchClient):
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
         """The personal model ``v_k`` on this client's test split, beside the global model ``w^t``."""
         self.set_parameters(parameters)
+        self.take_partition(config)
         global_accuracy, global_loss = accuracy_and_loss(self.model, self.test_x, self.test_y)
         accuracy, loss = global_accuracy, global_loss  # a client never sampled has no v_k: it tests w^t
         personal = self.state.arrays(PERSONAL)

@@ -216,7 +216,8 @@ class FederatedStrategy(Strategy):
         self.timing["nodes-connected-seconds"] = time.perf_counter() - self.started
         if self.settings.run.preflight:
             try:
-                left_out = self.nodes.preflight(client_manager, self.fit_config(0))
+                left_out = self.nodes.preflight(client_manager, self.fit_config(0),
+                                                sample=self.settings.run.preflight_sample, seed=self.settings.run.seed)
             except PreflightError as err:
                 self._log_preflight(err, ERROR, "")
                 raise
@@ -472,6 +473,8 @@ class FederatedStrategy(Strategy):
             out["nodes-left-out"] = dict(self.nodes.excluded)
         if ray_nodes := self.nodes.ray_nodes():
             out["ray-nodes"] = ray_nodes
+        if self.nodes.sampled:
+            out["nodes-asked"] = len(self.nodes.sampled)  # "nodes" then holds only their data
         out["timing"] = dict(self.timing)
         return out
 

@@ -18,6 +18,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from logging import INFO, WARNING
 
+import numpy as np
 from flwr.app import Message
 from flwr.common import GetPropertiesIns, MessageTypeLegacy, Scalar
 from flwr.common.logger import log
@@ -28,6 +29,7 @@ from flwr.server.compat.grid_client_proxy import GridClientProxy
 
 from strategies.contracts.common import (
     DATA_DIR,
+    NUM_PARTITIONS,
     NUM_TEST,
     NUM_TRAIN,
     PARTITION_ID,
@@ -35,6 +37,7 @@ from strategies.contracts.common import (
     PREFLIGHT_ERROR,
     PREFLIGHT_SCOPE,
     RAY_NODE,
+    SERVER_NUMBERED,
     TEST_CLASSES,
     TRAIN_CLASSES,
 )
@@ -54,6 +57,7 @@ class NodeDirectory:
     def __init__(self) -> None:
         self.properties: dict[str, dict[str, Scalar]] = {}
         self.excluded: dict[str, str] = {}
+        self.sampled: list[dict[str, Scalar]] = []  # a sampled preflight's answers (the data report's sample)
 
     def wait_for(self, client_manager: ClientManager, count: int) -> None:
         """Wait (up to ``WAIT_S``) until ``count`` nodes are connected; go on with fewer, with a warning."""
@@ -61,7 +65,9 @@ class NodeDirectory:
             log(WARNING, "only %d of the %d nodes asked for connected within %d s; going on with them",
                 client_manager.num_available(), count, WAIT_S)  # fmt: skip
 
-    def preflight(self, client_manager: ClientManager, config: dict[str, Scalar]) -> PreflightError | None:
+    def preflight(
+        self, client_manager: ClientManager, config: dict[str, Scalar], *, sample: int = 0, seed: int = 0
+    ) -> PreflightError | None:
         """Ask every connected node for its properties with ``config``; stop the run if any cannot start.
 
         Every node shares the run config, so one that cannot start (too many clients
@@ -83,6 +89,8 @@ class NodeDirectory:
 
         """
         proxies = list(client_manager.all().values())
+        if 0 < sample < len(proxies) and self._sampled_preflight(proxies, config, sample, seed):
+            return None
         answers = _ask(proxies, config)
         problems = [(p, a) for p, a in zip(proxies, answers, strict=True) if problem_of(a) is not None]
         own_data = [(p, a) for p, a in problems if scope_of(a) == "node"]
@@ -101,6 +109,41 @@ class NodeDirectory:
             log(WARNING, "run config key 'batch-size': %s exceeds every client's training set (the largest holds "
                 "%d examples); every local step uses a client's whole set", batch, largest)  # fmt: skip
         return PreflightError(condensed(own_data, len(proxies)), details(own_data)) if own_data else None
+
+    def _sampled_preflight(self, proxies: list[ClientProxy], config: dict[str, Scalar], sample: int, seed: int) -> bool:
+        """Ask ``sample`` nodes (seeded); if they are simulated slices of one dataset, number every node and say so.
+
+        A node that holds a partition of the run's dataset (no ``data-dir``, ``num-partitions``
+        equal to the nodes connected) can serve any partition: the server numbers the
+        nodes 0 to N-1 in node-id order without asking them, and each loads the partition
+        it is sent (:meth:`clients.base.TorchClient.take_partition`); the clients' batches
+        follow the partition, so the run is the one a full preflight gives. Otherwise
+        (devices with their own data) every node must be asked: returns False.
+
+        Raises
+        ------
+        PreflightError
+            When a sampled node cannot start (the run's config is at fault).
+
+        """
+        ordered = sorted(proxies, key=lambda proxy: proxy.cid)
+        chosen = np.random.default_rng([seed, 7]).choice(len(ordered), size=sample, replace=False)
+        asked = [ordered[i] for i in sorted(chosen)]
+        answers = _ask(asked, config)
+        problems = [(p, a) for p, a in zip(asked, answers, strict=True) if problem_of(a) is not None]
+        if problems:
+            raise PreflightError(condensed(problems, len(asked)), details(problems))
+        if any(a.get(DATA_DIR) or int(a.get(NUM_PARTITIONS, 0)) != len(ordered) for a in answers):
+            log(INFO, "preflight: the nodes asked hold their own data or another number of partitions than the %d "
+                "connected; asking every node", len(ordered))  # fmt: skip
+            return False
+        self.sampled = [dict(a) for a in answers]
+        for number, proxy in enumerate(ordered):
+            self.properties[proxy.cid] = {PARTITION_ID: number, NUM_PARTITIONS: len(ordered), SERVER_NUMBERED: True}
+        log(INFO, "preflight: %d of %d connected clients asked (preflight-sample), all accept the config; the server "
+            "numbers the nodes 0-%d and each serves the partition it is sent", sample, len(ordered),
+            len(ordered) - 1)  # fmt: skip
+        return True
 
     def admit(self, answers: list[tuple[ClientProxy, dict[str, Scalar]]]) -> None:
         """Keep the nodes' answers; number the nodes without a partition after the highest number in use."""
@@ -167,7 +210,8 @@ class NodeDirectory:
         Classes are named by ``class_names`` where given (a user's own data), else by index.
         """
         report = []
-        for answer in sorted(self.properties.values(), key=lambda a: int(a[PARTITION_ID])):
+        answers = self.sampled or list(self.properties.values())  # a sampled preflight knows its sample's data
+        for answer in sorted(answers, key=lambda a: int(a[PARTITION_ID])):
             entry: dict[str, object] = {"partition": int(answer[PARTITION_ID])}
             if answer.get(DATA_DIR):
                 entry[DATA_DIR] = str(answer[DATA_DIR])
@@ -182,7 +226,7 @@ class NodeDirectory:
 
     def ray_nodes(self) -> dict[str, int]:
         """Admitted clients per Ray node they answered the preflight on (empty outside Ray), most first."""
-        counts = Counter(str(a[RAY_NODE]) for a in self.properties.values() if a.get(RAY_NODE))
+        counts = Counter(str(a[RAY_NODE]) for a in self.sampled or self.properties.values() if a.get(RAY_NODE))
         return dict(counts.most_common())
 
 

@@ -40,6 +40,8 @@ def runs(tmp_path_factory):
         outcomes.append(sim.run(run_config=cut, num_supernodes=CLIENTS, timeout_s=300))
         resumed = {**common, "resume-from": str(results / "cut")}
         outcomes.append(sim.run(run_config=resumed, num_supernodes=CLIENTS, timeout_s=300))
+        sampled = {**common, "preflight-sample": 3, "run-name": "sampled"}
+        outcomes.append(sim.run(run_config=sampled, num_supernodes=CLIENTS, timeout_s=300))
     with LocalSimulation(app_dir=REPO / "tests" / "state_app", pythonpath=[REPO]) as sim:
         kept = sim.run(run_config={"results-dir": str(results), "run-name": "state"}, num_supernodes=4, timeout_s=300)
     return outcomes, kept, results
@@ -68,3 +70,10 @@ def test_client_state_survives_from_round_to_round(runs):
     assert all(r["clients-succeeded"] == 4 and r["clients-failed"] == 0 for r in records), [
         r.get("fit-failures") for r in records
     ]
+
+
+def test_a_preflight_over_three_nodes_gives_the_records_of_one_over_every_node(runs):
+    # the server numbers the nodes itself and each loads the partition it is sent
+    outcomes, _, results = runs
+    assert "3 of 10 connected clients asked (preflight-sample)" in outcomes[-1].log
+    assert lines_without_timings(results / "sampled") == lines_without_timings(results / "first")

@@ -51,6 +51,7 @@ PREFLIGHT_ERROR, PREFLIGHT_DETAIL, PREFLIGHT_SCOPE = "preflight-error", "preflig
 # What every node reports of its data: its own data-dir (deployed devices), sizes, and "index:count ..." per split.
 DATA_DIR, NUM_TRAIN, NUM_TEST = "data-dir", "num-train", "num-test"
 TRAIN_CLASSES, TEST_CLASSES = "train-classes", "test-classes"
+SERVER_NUMBERED = "server-numbered"  # a node the server numbered without asking it (a sampled preflight)
 RAY_NODE = "ray-node"  # the Ray node id a simulated client answered the preflight on ("" outside Ray)
 SMALL_BATCH = "small-batch"  # 1 when a batch size exceeded the client's training set and min(b, n) was used
 
@@ -91,6 +92,9 @@ class RunSettings(KeyedSettings):
     eval_every: int = key(10, "personalised evaluation every k rounds, and always in the last round", at_least=1)
     central_eval: bool = key(False, "also test the global model on the dataset's test set on the server, every round")
     preflight: bool = key(True, "before round 1, every node loads its data and checks the config (one message each)")
+    preflight_sample: int = key(0, "ask only this many nodes in the preflight (0 = every node); with more nodes than "
+                                "this, the server numbers the nodes and each loads the partition it is sent",
+                                at_least=0, at_most=1_000_000)  # fmt: skip
     stop_after_nonfinite: int = key(3, "stop the run after this many consecutive rounds in which every fit reply was "
                                     "non-finite or no evaluation loss was finite (0 = never)", at_least=0,
                                     at_most=MAX_ROUNDS)  # fmt: skip

@@ -1,0 +1,70 @@
+"""A preflight over a sample of the nodes: the server numbers the simulated nodes, and the run is the same.
+
+Node ids are chosen so that their sorted order is the reverse of the partitions the
+nodes were built with: after a sampled preflight every node is sent another partition
+than its own, loads it, and the run must give the same models and losses as a run
+whose preflight asked every node.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import settings
+from flwr.common import parameters_to_ndarrays
+from flwr.server.client_manager import SimpleClientManager
+
+from app.registry import METHODS
+from app.server_app import initial_parameters
+from bench.inprocess import InProcessProxy
+from clients.models import build_model
+from datasets import load_client_data
+
+NODES, ROUNDS = 12, 3
+
+
+def run(method: str, sample: int, **overrides) -> tuple[list[np.ndarray], list[float], object]:
+    config = {**METHODS[method].contract.example, "fraction_fit": 0.34, "fraction_evaluate": 0.5, "eval_every": 1,
+              "min_available_clients": NODES, "preflight_sample": sample, "num_server_rounds": ROUNDS, **overrides}
+    run_settings = settings(**{k.replace("-", "_"): v for k, v in config.items()})
+    spec, split = run_settings.data_spec(NODES), run_settings.partition_spec(NODES)
+    manager = SimpleClientManager()
+    for partition in range(NODES):
+        data = load_client_data(spec, split, partition)
+        model = build_model(run_settings.training.model, input_shape=tuple(data.train_x.shape[1:]),
+                            num_classes=data.num_classes, seed=run_settings.run.seed)  # fmt: skip
+        client = METHODS[method].client(model=model, data=data, settings=run_settings, partition_id=partition,
+                                        num_partitions=NODES,
+                                        reload=lambda p, spec=spec, split=split: load_client_data(spec, split, p))
+        manager.register(InProcessProxy(str(100 + NODES - 1 - partition), client))  # sorted ids: partitions reversed
+    strategy = METHODS[method].strategy(settings=run_settings, initial_parameters=initial_parameters(run_settings))
+    parameters = strategy.initialize_parameters(manager)
+    losses = []
+    for server_round in range(1, ROUNDS + 1):
+        fits = strategy.configure_fit(server_round, parameters, manager)
+        parameters, _ = strategy.aggregate_fit(server_round, [(p, p.fit(ins, None, None)) for p, ins in fits], [])
+        evaluations = strategy.configure_evaluate(server_round, parameters, manager)
+        replies = [(p, p.evaluate(ins, None, None)) for p, ins in evaluations]
+        loss, _ = strategy.aggregate_evaluate(server_round, replies, [])
+        losses.append(loss)
+    return parameters_to_ndarrays(parameters), losses, strategy
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_a_sampled_preflight_gives_the_run_of_a_full_one(method):
+    full_model, full_losses, full = run(method, 0)
+    sampled_model, sampled_losses, sampled = run(method, 4)
+    assert sampled_losses == full_losses
+    for a, b in zip(full_model, sampled_model, strict=True):
+        np.testing.assert_array_equal(a, b)
+    # the server numbered every node without asking it; only the sample's data is reported
+    assert sorted(sampled.nodes.partition_of(str(100 + i)) for i in range(NODES)) == list(range(NODES))
+    assert sampled.nodes.partition_of("100") == 0 and full.nodes.partition_of("100") == NODES - 1
+    summary = sampled.summary("completed")
+    assert summary["nodes-asked"] == 4 and len(summary["nodes"]) == 4
+    assert "nodes-asked" not in full.summary("completed")
+
+
+def test_a_sample_larger_than_the_federation_asks_every_node():
+    _, _, strategy = run("fedavg", NODES + 5)
+    assert not strategy.nodes.sampled and len(strategy.summary("completed")["nodes"]) == NODES
