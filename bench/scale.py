@@ -21,6 +21,7 @@ in one JSON. Runs are appended to ``bench/results/scale_runs.jsonl`` and not run
     python bench/scale.py --quick                                 # 100 and 300 nodes, one repeat
     python bench/scale.py                                         # 100, 300, 1,000 nodes, 2 repeats
     python bench/scale.py --app-dir ../old-worktree --label before
+    python bench/scale.py --preflight-sample 100 --label sampled
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ PER_ROUND, EVAL_SAMPLE, ROUNDS = 10, 20, 5
 FEDERATION = "client-resources-num-cpus=1"
 
 
-def run_config(num_nodes: int, results: str, name: str) -> dict:
-    return {
+def run_config(num_nodes: int, results: str, name: str, preflight_sample: int = 0) -> dict:
+    extra = {"preflight-sample": preflight_sample} if preflight_sample else {}  # an older app may lack the key
+    return extra | {
         "strategy": "fedavg", "dataset": "synthetic", "model": "logreg", "partitioner": "natural",
         "num-server-rounds": ROUNDS, "eval-every": 1, "fraction-fit": (PER_ROUND + 0.5) / num_nodes,
         "min-fit-clients": PER_ROUND, "fraction-evaluate": (EVAL_SAMPLE + 0.5) / num_nodes,
@@ -55,13 +57,14 @@ def run_config(num_nodes: int, results: str, name: str) -> dict:
     }  # fmt: skip
 
 
-def measure(app_dir: Path, num_nodes: int) -> dict:
+def measure(app_dir: Path, num_nodes: int, preflight_sample: int = 0) -> dict:
     """One run of ``num_nodes`` SuperNodes on a fresh private SuperLink."""
     with tempfile.TemporaryDirectory() as results, LocalSimulation(app_dir=app_dir) as sim:
         sampler = PeakSampler(str(sim.home))
         sampler.start()
         submitted = time.time()
-        outcome = sim.run(run_config=run_config(num_nodes, results, "scale"), num_supernodes=num_nodes,
+        config = run_config(num_nodes, results, "scale", preflight_sample)
+        outcome = sim.run(run_config=config, num_supernodes=num_nodes,
                           extra_federation=FEDERATION, timeout_s=1800)  # fmt: skip
         sampler.done.set()
         sampler.join()
@@ -143,6 +146,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="numbers of SuperNodes")
     parser.add_argument("--app-dir", type=Path, default=REPO, help="the app to measure (default: this checkout)")
     parser.add_argument("--label", default="now", help="the name of this app's rows")
+    parser.add_argument("--preflight-sample", type=int, default=0, help="run config preflight-sample (0: every node)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "scale.json")
     args = parser.parse_args()
     sizes, repeats = (SIZES[:2], 1) if args.quick else (tuple(args.sizes), args.repeats)
@@ -154,7 +158,7 @@ def main() -> None:
         for nodes in sizes:
             fields = {"label": args.label, "nodes": nodes, "repeat": repeat}
             if log.get(fields) is None:
-                result = fields | measure(args.app_dir.resolve(), nodes)
+                result = fields | measure(args.app_dir.resolve(), nodes, args.preflight_sample)
                 log.append(result)
                 print(json.dumps(result), flush=True)
     rep = {"benchmark": "scale", "machine": machine(), "date": time.strftime("%Y-%m-%d"),
