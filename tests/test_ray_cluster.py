@@ -5,7 +5,9 @@ SuperLink's environment (docs/running.md). The cluster is Ray's own test helper,
 ``ray.cluster_utils.Cluster``: a head and a second node, one CPU each, on this machine's
 address, started by this process and shut down by it, so no other Ray on the machine is
 touched. (Nodes bound to 127.0.0.1 while the machine has another address left Flower's
-Ray driver waiting for a raylet on that address.)
+Ray driver waiting for a raylet on that address.) While it runs, any other simulation
+started on this machine joins its cluster (``ray.init()`` finds a running local
+cluster): do not run benchmarks beside it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ pytestmark = pytest.mark.e2e
 CLIENTS = 20
 
 
-def test_a_simulation_on_a_two_node_ray_cluster_runs_clients_on_both_nodes_and_reports_them(tmp_path):
+def test_a_simulation_on_a_two_node_ray_cluster_runs_clients_on_both_nodes_and_reports_them(tmp_path, capsys):
     cluster_utils = pytest.importorskip("ray.cluster_utils", reason="Ray comes with flwr[simulation]")
     cluster = cluster_utils.Cluster(
         initialize_head=True,
@@ -32,14 +34,16 @@ def test_a_simulation_on_a_two_node_ray_cluster_runs_clients_on_both_nodes_and_r
         cluster.wait_for_nodes()
         node_ids = {cluster.head_node.node_id, *(node.node_id for node in cluster.worker_nodes)}
         assert len(node_ids) == 2
-        print(f"Ray cluster at {cluster.address}: nodes {sorted(node_ids)}")
+        with capsys.disabled():  # in the test run's output, passed or not
+            print(f"\nRay cluster at {cluster.address}: nodes {sorted(node_ids)}")
         config = {"num-server-rounds": 2, "fraction-fit": 0.5, "results-dir": str(tmp_path), "run-name": "on-ray"}
         with LocalSimulation(app_dir=REPO, env={"RAY_ADDRESS": cluster.address}) as sim:
             outcome = sim.run(run_config=config, num_supernodes=CLIENTS, timeout_s=600,
                               extra_federation="client-resources-num-cpus=1")  # fmt: skip
         assert outcome.ok, f"status {outcome.status}\n{outcome.log_tail}"
         summary = json.loads((tmp_path / "on-ray" / "summary.json").read_text())
-        print(f"clients per Ray node (preflight): {summary['ray-nodes']}")
+        with capsys.disabled():
+            print(f"clients per Ray node (preflight): {summary['ray-nodes']}")
         assert set(summary["ray-nodes"]) == node_ids
         assert sum(summary["ray-nodes"].values()) == CLIENTS
         assert all(entry["ray-node"] in node_ids for entry in summary["nodes"])
