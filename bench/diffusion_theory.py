@@ -53,7 +53,7 @@ from bench.common import QUICK_RESULTS, RunLog, interval, machine, read_records 
 from bench.inprocess import InProcessRun  # noqa: E402
 from datasets import load_client_data  # noqa: E402
 from datasets.least_squares import least_squares_optimum  # noqa: E402
-from strategies.topology import Network, expected_matrix, perron_vector  # noqa: E402
+from strategies.topology import Network, build_network, expected_matrix, perron_vector  # noqa: E402
 
 AGENTS, BATCH = 20, 20
 NETWORKS = (("ring", "metropolis"), ("erdos-renyi", "uniform"), ("star", "uniform"))
@@ -121,9 +121,9 @@ def targets(network: Network, xs: list, ys: list) -> dict[str, np.ndarray]:
 def limit_run(graph: str, rule: str, t: int, mu: float, seed: int) -> dict:
     """One long in-process run and its analysis over the steady-state window."""
     started = time.perf_counter()
-    probe = InProcessRun(run_config=run_config(graph, rule, t, mu, seed, 1), num_clients=AGENTS)
-    xs, ys = agents_data(run_config(graph, rule, t, mu, seed, 1))
-    network = probe.strategy.network
+    probe = run_config(graph, rule, t, mu, seed, 1)
+    xs, ys = agents_data(probe)
+    network = build_network(parse_settings(probe).method, AGENTS, seed=seed)  # as Diffusion.start builds it
     tau = time_constant(network, xs, mu, t)
     burn, window = math.ceil(BURN_IN * tau), math.ceil(WINDOW * tau)
     rounds = burn + window

@@ -6,7 +6,7 @@ real stamen clients (each its own model and data, built as a ClientApp builds th
 Messages keep Flower's encoding (``ndarrays_to_parameters``), so a reply is
 byte-for-byte what a SuperNode would send. What it leaves out is the transport, the
 processes and Flower's scheduling: long runs (thousands of rounds) cost only the
-work, and ``bench/diffusion_theory.py --check-flower`` shows they give the same
+work, and ``bench/diffusion_theory.py`` (its Flower check) shows they give the same
 iterates as ``flwr run`` for the same seed.
 """
 
