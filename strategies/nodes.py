@@ -37,7 +37,6 @@ from strategies.contracts.common import (
     PREFLIGHT_ERROR,
     PREFLIGHT_SCOPE,
     RAY_NODE,
-    SERVER_NUMBERED,
     TEST_CLASSES,
     TRAIN_CLASSES,
 )
@@ -139,7 +138,7 @@ class NodeDirectory:
             return False
         self.sampled = [dict(a) for a in answers]
         for number, proxy in enumerate(ordered):
-            self.properties[proxy.cid] = {PARTITION_ID: number, NUM_PARTITIONS: len(ordered), SERVER_NUMBERED: True}
+            self.properties[proxy.cid] = {PARTITION_ID: number, NUM_PARTITIONS: len(ordered)}
         log(INFO, "preflight: %d of %d connected clients asked (preflight-sample), all accept the config; the server "
             "numbers the nodes 0-%d and each serves the partition it is sent", sample, len(ordered),
             len(ordered) - 1)  # fmt: skip
@@ -210,8 +209,7 @@ class NodeDirectory:
         Classes are named by ``class_names`` where given (a user's own data), else by index.
         """
         report = []
-        answers = self.sampled or list(self.properties.values())  # a sampled preflight knows its sample's data
-        for answer in sorted(answers, key=lambda a: int(a[PARTITION_ID])):
+        for answer in sorted(self._reported(), key=lambda a: int(a[PARTITION_ID])):
             entry: dict[str, object] = {"partition": int(answer[PARTITION_ID])}
             if answer.get(DATA_DIR):
                 entry[DATA_DIR] = str(answer[DATA_DIR])
@@ -226,8 +224,12 @@ class NodeDirectory:
 
     def ray_nodes(self) -> dict[str, int]:
         """Admitted clients per Ray node they answered the preflight on (empty outside Ray), most first."""
-        counts = Counter(str(a[RAY_NODE]) for a in self.sampled or self.properties.values() if a.get(RAY_NODE))
+        counts = Counter(str(a[RAY_NODE]) for a in self._reported() if a.get(RAY_NODE))
         return dict(counts.most_common())
+
+    def _reported(self) -> list[dict[str, Scalar]]:
+        """The answers nodes gave: a sampled preflight's sample, else every admitted node's."""
+        return self.sampled or list(self.properties.values())
 
 
 def named_counts(text: str, class_names: tuple[str, ...] = ()) -> dict[str, int]:

@@ -35,8 +35,8 @@ class PerFedAvg(FederatedStrategy):
                 "docs/methods/perfedavg.md#where-each-variant-is-safe); use 'so' or 'fo'")  # fmt: skip
 
     def start(self) -> None:
-        if self.hf_on_relu():
-            log(WARNING, "%s", self.hf_on_relu())
+        if warning := self.hf_on_relu():
+            log(WARNING, "%s", warning)
 
     def divergence_hint(self) -> str:
         return self.hf_on_relu() or super().divergence_hint()

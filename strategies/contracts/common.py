@@ -51,7 +51,6 @@ PREFLIGHT_ERROR, PREFLIGHT_DETAIL, PREFLIGHT_SCOPE = "preflight-error", "preflig
 # What every node reports of its data: its own data-dir (deployed devices), sizes, and "index:count ..." per split.
 DATA_DIR, NUM_TRAIN, NUM_TEST = "data-dir", "num-train", "num-test"
 TRAIN_CLASSES, TEST_CLASSES = "train-classes", "test-classes"
-SERVER_NUMBERED = "server-numbered"  # a node the server numbered without asking it (a sampled preflight)
 RAY_NODE = "ray-node"  # the Ray node id a simulated client answered the preflight on ("" outside Ray)
 SMALL_BATCH = "small-batch"  # 1 when a batch size exceeded the client's training set and min(b, n) was used
 
