@@ -30,11 +30,26 @@ from flwr.server.client_proxy import ClientProxy
 from app.config import parse_settings
 from app.registry import METHODS
 from app.server_app import initial_parameters
+from clients.base import TorchClient
 from clients.models import build_model
 from datasets import load_client_data
 from strategies.base import FederatedStrategy
+from strategies.contracts.common import Settings
 
 OK = Status(code=Code.OK, message="")
+
+
+def build_clients(settings: Settings, num_clients: int) -> list[TorchClient]:
+    """The run's method's client for partitions 0 to ``num_clients - 1``, each with its data and model."""
+    method = METHODS[settings.run.strategy]
+    clients = []
+    for partition in range(num_clients):
+        data = load_client_data(settings.data_spec(num_clients), settings.partition_spec(num_clients), partition)
+        model = build_model(settings.training.model, input_shape=tuple(data.train_x.shape[1:]),
+                            num_classes=data.num_classes, seed=settings.run.seed)  # fmt: skip
+        clients.append(method.client(model=model, data=data, settings=settings, partition_id=partition,
+                                     num_partitions=num_clients))  # fmt: skip
+    return clients
 
 
 class InProcessProxy(ClientProxy):
@@ -80,15 +95,8 @@ class InProcessRun:
         start = initial_parameters(self.settings)
         self.strategy: FederatedStrategy = method.strategy(settings=self.settings, initial_parameters=start)
         self.manager = SimpleClientManager()
-        self.clients = []
-        for partition in range(num_clients):
-            data = load_client_data(self.settings.data_spec(num_clients), self.settings.partition_spec(num_clients),
-                                    partition)  # fmt: skip
-            model = build_model(self.settings.training.model, input_shape=tuple(data.train_x.shape[1:]),
-                                num_classes=data.num_classes, seed=self.settings.run.seed)  # fmt: skip
-            client = method.client(model=model, data=data, settings=self.settings, partition_id=partition,
-                                   num_partitions=num_clients)  # fmt: skip
-            self.clients.append(client)
+        self.clients = build_clients(self.settings, num_clients)
+        for partition, client in enumerate(self.clients):
             self.manager.register(InProcessProxy(f"node-{partition}", client))
         self.parameters: Parameters = self.strategy.initialize_parameters(self.manager)
         self.round = 0

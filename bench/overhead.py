@@ -143,20 +143,13 @@ def plain_loop(case: str, *, warmup: int, rounds: int) -> dict:
     from app.config import parse_settings
     from app.registry import METHODS
     from app.server_app import initial_parameters
-    from clients.models import build_model
-    from datasets import load_client_data
+    from bench.inprocess import build_clients
 
     started = time.perf_counter()
     settings = parse_settings(run_config(case, warmup + rounds, "/tmp"))
     method = METHODS[settings.run.strategy]
     strategy = method.strategy(settings=settings, initial_parameters=initial_parameters(settings))
-    clients = []
-    for user in range(USERS):
-        data = load_client_data(settings.data_spec(USERS), settings.partition_spec(USERS), user)
-        model = build_model(settings.training.model, input_shape=tuple(data.train_x.shape[1:]),
-                            num_classes=data.num_classes, seed=settings.run.seed)  # fmt: skip
-        clients.append(method.client(model=model, data=data, settings=settings, partition_id=user,
-                                     num_partitions=USERS))  # fmt: skip
+    clients = build_clients(settings, USERS)
     params = parameters_to_ndarrays(strategy.global_parameters)
     per_round = max(int(USERS * settings.run.fraction_fit), settings.run.min_fit_clients)
     rng = np.random.default_rng(0)
