@@ -61,7 +61,7 @@ MUS = (0.04, 0.02, 0.01, 0.005)
 STEPS = (1, 5)
 SEEDS = (0, 1, 2, 3, 4)
 BURN_IN, WINDOW = 7.0, 10.0  # in time constants
-EXTRA_HALVINGS = 2  # further halvings of mu for a configuration not yet within half the gap
+EXTRA_HALVINGS = 4  # further halvings of mu for a configuration not yet within half the gap
 CURVE_POINTS = 200
 CHECK_ROUNDS, CHECK_MU = 30, 0.02
 FEDAVG_MU, FEDAVG_ROUNDS = 0.1, 300
@@ -352,6 +352,9 @@ def plot_limit(rep: dict, path: Path) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("mu")
         ax.legend(fontsize=7)
+        for ax in (axes[0][col], axes[1][col]):  # label the mu values run; log minor labels overlap
+            ax.set_xticks(mus, [f"{m:g}" for m in mus], rotation=45, fontsize=7)
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     axes[0][0].set_ylabel("distance of the time-averaged mean")
     axes[1][0].set_ylabel("steady MSD to the limit")
     fig.tight_layout()
