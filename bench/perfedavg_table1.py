@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from app.config import parse_settings  # noqa: E402
 from app.launcher import LocalSimulation  # noqa: E402
-from bench.common import QUICK_RESULTS, interval  # noqa: E402
+from bench.common import QUICK_RESULTS, interval, read_records  # noqa: E402
 from clients.meta import meta_gradient  # noqa: E402
 from clients.models import build_model  # noqa: E402
 from clients.perfedavg import PerFedAvgClient  # noqa: E402
@@ -125,8 +125,8 @@ def run_config(
 
 def summarise_run(run_dir: Path) -> dict:
     """Final personalised accuracy, and per-round cost from the training-only rounds."""
-    rounds = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    final = json.loads((run_dir / "summary.json").read_text())["final"]
+    rounds, summary = read_records(run_dir)
+    final = summary["final"]
     train_only = [r for r in rounds if "accuracy" not in r] or rounds
     return {
         "accuracy": final["accuracy-client-mean"],

@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from app.launcher import LocalSimulation  # noqa: E402
-from bench.common import QUICK_RESULTS, RunLog, machine  # noqa: E402
+from bench.common import QUICK_RESULTS, RunLog, machine, read_records  # noqa: E402
 from bench.overhead import PeakSampler  # noqa: E402
 
 SIZES = (100, 300, 1000)
@@ -70,9 +70,7 @@ def measure(app_dir: Path, num_nodes: int, preflight_sample: int = 0) -> dict:
         sampler.join()
         if not outcome.ok:
             raise SystemExit(f"{num_nodes} nodes: {outcome.status}\n{outcome.log_tail}")
-        run_dir = Path(results) / "scale"
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        summary = json.loads((run_dir / "summary.json").read_text())
+        records, summary = read_records(Path(results) / "scale")
     rounds = [r["round-seconds"] for r in records]
     out = {
         "nodes": num_nodes, "wall-seconds": outcome.wall_seconds,
