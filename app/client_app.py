@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from flwr.client import Client, ClientApp
 from flwr.common import Context
@@ -14,7 +15,7 @@ from clients.base import TorchClient
 from clients.models import build_model
 from clients.state import ClientState
 from clients.unavailable import UnavailableClient
-from datasets import USER_DATASETS, ClientData, load_client_data, load_node_data
+from datasets import USER_DATASETS, load_client_data, load_node_data
 
 
 @dataclass(frozen=True)
@@ -68,18 +69,17 @@ def build_client(context: Context) -> TorchClient:
     settings = parse_settings(context.run_config)
     place = place_of(context)
     message_cost.mark("settings")
+    reload = None  # a device with its own data holds only that
     if place.data_dir:
         data = load_node_data(settings.data_spec(), place.data_dir)
     elif settings.data.dataset in USER_DATASETS and not settings.data.data_dir:
         raise ConfigError(f"dataset {settings.data.dataset!r} needs a data-dir: run config key 'data-dir' (one "
                           "folder split over the clients) or each node's own --node-config data-dir")  # fmt: skip
     else:
-        spec, split = settings.data_spec(place.num_partitions), settings.partition_spec(place.num_partitions)
-        data = load_client_data(spec, split, place.partition_id)
-
-        def reload(partition: int) -> ClientData:  # the partition the server sends (a sampled preflight)
-            return load_client_data(spec, split, partition)
-
+        # a slice of the run's dataset: it can load any partition, the one the server sends after a sampled preflight
+        reload = partial(load_client_data, settings.data_spec(place.num_partitions),
+                         settings.partition_spec(place.num_partitions))  # fmt: skip
+        data = reload(place.partition_id)
     message_cost.mark("data")
     model = build_model(settings.training.model, input_shape=tuple(data.train_x.shape[1:]),
                         num_classes=data.num_classes, seed=settings.run.seed)  # fmt: skip
@@ -87,7 +87,7 @@ def build_client(context: Context) -> TorchClient:
     client = method.client(model=model, data=data, settings=settings, partition_id=place.partition_id,
                            num_partitions=place.num_partitions, data_dir=place.data_dir,
                            state=ClientState(context.state, owner=method.contract.name),
-                           reload=None if place.data_dir else reload)  # fmt: skip
+                           reload=reload)  # fmt: skip
     message_cost.mark("built")
     return client
 
