@@ -81,7 +81,7 @@ def through_flower(rounds: int) -> dict:
                           extra_federation="client-resources-num-cpus=1 client-resources-num-gpus=0.25")  # fmt: skip
         summary = json.loads((Path(results) / "gpu" / "summary.json").read_text()) if outcome.ok else {}
     return {"status": outcome.status, "wall-seconds": outcome.wall_seconds, "rounds": rounds,
-            "final-personalised-accuracy": summary.get("final-personalised-accuracy"),
+            "final-personalised-accuracy": summary.get("final", {}).get("accuracy"),
             "log-tail": "" if outcome.ok else outcome.log_tail}  # fmt: skip
 
 
