@@ -102,11 +102,7 @@ class NodeDirectory:
         self.admit([(p, a) for p, a in zip(proxies, answers, strict=True) if problem_of(a) is None])
         log(INFO, "preflight: %d of %d connected clients accept the config", len(proxies) - len(own_data),
             len(proxies))  # fmt: skip
-        largest = max((int(a.get(NUM_TRAIN, 0)) for a in answers if isinstance(a, dict)), default=0)
-        batch = config.get("batch-size")
-        if isinstance(batch, int | float) and largest and batch > largest:
-            log(WARNING, "run config key 'batch-size': %s exceeds every client's training set (the largest holds "
-                "%d examples); every local step uses a client's whole set", batch, largest)  # fmt: skip
+        warn_of_batch(config, answers)
         return PreflightError(condensed(own_data, len(proxies)), details(own_data)) if own_data else None
 
     def _sampled_preflight(self, proxies: list[ClientProxy], config: dict[str, Scalar], sample: int, seed: int) -> bool:
@@ -137,6 +133,7 @@ class NodeDirectory:
                 "connected; asking every node", len(ordered))  # fmt: skip
             return False
         self.sampled = [dict(a) for a in answers]
+        warn_of_batch(config, answers, sampled=True)
         for number, proxy in enumerate(ordered):
             self.properties[proxy.cid] = {PARTITION_ID: number, NUM_PARTITIONS: len(ordered)}
         log(INFO, "preflight: %d of %d connected clients asked (preflight-sample), all accept the config; the server "
@@ -230,6 +227,21 @@ class NodeDirectory:
     def _reported(self) -> list[dict[str, Scalar]]:
         """The answers nodes gave: a sampled preflight's sample, else every admitted node's."""
         return self.sampled or list(self.properties.values())
+
+
+def warn_of_batch(config: dict[str, Scalar], answers: list[dict[str, Scalar] | Exception], *,
+                  sampled: bool = False) -> None:  # fmt: skip
+    """Warn when ``batch-size`` exceeds the training set of every client that answered.
+
+    Such a run works (a local step uses a client's whole set), but not as its batch size
+    says; with a sampled preflight only the sample's sets are known.
+    """
+    largest = max((int(a.get(NUM_TRAIN, 0)) for a in answers if isinstance(a, dict)), default=0)
+    batch = config.get("batch-size")
+    if isinstance(batch, int | float) and largest and batch > largest:
+        whose = f"the {len(answers)} clients asked" if sampled else "every client"
+        log(WARNING, "run config key 'batch-size': %s exceeds the training set of %s (the largest holds %d "
+            "examples); every local step uses a client's whole set", batch, whose, largest)  # fmt: skip
 
 
 def named_counts(text: str, class_names: tuple[str, ...] = ()) -> dict[str, int]:

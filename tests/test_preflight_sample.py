@@ -8,6 +8,8 @@ whose preflight asked every node.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 from conftest import settings
@@ -68,3 +70,18 @@ def test_a_sampled_preflight_gives_the_run_of_a_full_one(method):
 def test_a_sample_larger_than_the_federation_asks_every_node():
     _, _, strategy = run("fedavg", NODES + 5)
     assert not strategy.nodes.sampled and len(strategy.summary("completed")["nodes"]) == NODES
+
+
+@pytest.mark.parametrize("sample", [0, 4])
+def test_a_batch_larger_than_every_training_set_is_warned_of_with_or_without_a_sample(sample, caplog):
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        run("fedavg", sample, batch_size=100_000)
+    warnings = [r.getMessage() for r in caplog.records if "'batch-size'" in r.getMessage()]
+    asked = "the 4 clients asked" if sample else "every client"
+    assert len(warnings) == 1 and f"100000 exceeds the training set of {asked}" in warnings[0]
+
+
+def test_a_batch_that_fits_is_not_warned_of(caplog):
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        run("fedavg", 4, batch_size=2)
+    assert not [r for r in caplog.records if "'batch-size'" in r.getMessage()]
