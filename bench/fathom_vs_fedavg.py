@@ -89,6 +89,11 @@ class Start:
     extra: tuple[tuple[str, float], ...] = ()
 
 
+def bad_lr_start(batch: int, variant: str, extra: dict[str, float]) -> Start:
+    """FATHOM's start from the paper's bad lr with ``extra`` settings (a fix, or a pilot's candidate)."""
+    return Start("bad lr", BAD_LR, batch, variant, tuple(extra.items()))
+
+
 def run_config(method: str, start: Start, *, seed: int, rounds: int, data_dir: Path) -> dict:
     return {
         "strategy": method,
@@ -209,8 +214,7 @@ def arms_of(baseline: Start, *, fix: bool) -> list[Arm]:
     starts = [baseline, Start("bad lr", BAD_LR, baseline.batch), Start("bad batch", baseline.lr, BAD_BATCH)]
     arms = [(start, method) for start in starts for method in METHODS]
     if fix:
-        arms += [(Start("bad lr", BAD_LR, baseline.batch, name, tuple(extra.items())), "fathom")
-                 for name, extra in FIXES.items()]  # fmt: skip
+        arms += [(bad_lr_start(baseline.batch, name, extra), "fathom") for name, extra in FIXES.items()]
     return arms
 
 
@@ -322,7 +326,7 @@ def extend(bench: Bench, baseline: Start, seeds: list[int], rounds: int, target:
     """
     rows = []
     for name in EXTENDED:
-        start = Start("bad lr", BAD_LR, baseline.batch, name, tuple(FIXES[name].items()))
+        start = bad_lr_start(baseline.batch, name, FIXES[name])
         results = [r for seed in seeds if (r := bench.run("fathom", start, seed, rounds=rounds))]
         if not results:
             continue
@@ -440,8 +444,7 @@ def pilot(bench: Bench, batch: int) -> dict:
                            "variant": ""})  # fmt: skip
     cases = [("paper (a_sm 0.5, gamma-lr 0.01)", {}, paper)] if paper else []
     for name, extra in PILOT.items():
-        start = Start("bad lr", BAD_LR, batch, name, tuple(extra.items()))
-        cases.append((name, extra, bench.run("fathom", start, 0, rounds=PILOT_ROUNDS)))
+        cases.append((name, extra, bench.run("fathom", bad_lr_start(batch, name, extra), 0, rounds=PILOT_ROUNDS)))
     for name, extra, result in cases:
         if result is None:
             continue
