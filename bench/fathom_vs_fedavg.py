@@ -560,10 +560,10 @@ def main() -> None:
             if sim is not None:
                 sim.close()
     args.out.write_text(json.dumps(rep, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(rep) + (extended_markdown(rep["extended"], rep["target"])
-                                                             if "extended" in rep else ""))  # fmt: skip
+    text = markdown(rep) + (extended_markdown(rep["extended"], rep["target"]) if "extended" in rep else "")
+    args.out.with_suffix(".md").write_text(text)
     plot(rep, runs, args.out.with_name(args.out.stem.replace("fathom_vs_fedavg", "fathom_trajectories") + ".png"))
-    print(markdown(rep))
+    print(text)
 
 
 if __name__ == "__main__":
