@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from app.registry import CONTRACTS
+from clients.models import build_model
+from datasets import dataset_shape
 from strategies.contracts.common import (
     DATA_KEY_SCOPES,
     LOCAL_TRAINING_KEYS,
@@ -26,7 +28,7 @@ from strategies.contracts.common import (
 from strategies.contracts.contract import Contract
 from strategies.contracts.keys import ConfigError, KeyedSettings, KeySpec
 
-__all__ = ["ConfigError", "Settings", "check_on_server", "ignored_keys", "key_specs", "parse_settings"]
+__all__ = ["ConfigError", "Settings", "check_model", "check_on_server", "ignored_keys", "key_specs", "parse_settings"]
 
 
 def key_specs(contracts: Mapping[str, Contract] = CONTRACTS) -> dict[str, tuple[type[KeyedSettings], KeySpec]]:
@@ -90,7 +92,46 @@ def parse_settings(run_config: Mapping[str, object], contracts: Mapping[str, Con
                         tuner=methods[run.tune] if run.tune != "none" else None)  # fmt: skip
     if settings.tuner is not None:
         check_tuning(settings, contracts)
+    check_central_evaluation(settings, contracts[run.strategy])
     return settings
+
+
+def check_central_evaluation(settings: Settings, contract: Contract) -> None:
+    """Refuse ``central-eval`` for a method that keeps part of the model on its clients: there is no whole model."""
+    if contract.personal is not None and settings.run.central_eval:
+        kept = contract.personal.describe(settings.method.values())
+        raise ConfigError(
+            f"run config key 'central-eval': {contract.name} keeps {kept} on the clients, so the server's model "
+            "holds only their initial values and testing it would measure nothing; its evaluation runs on the "
+            "clients, each with its own layers (fraction-evaluate > 0)"
+        )
+
+
+def model_shapes(settings: Settings) -> dict[str, tuple[int, ...]]:
+    """The run's model, built from its settings as the server builds it: its arrays' names and shapes.
+
+    Raises
+    ------
+    ConfigError
+        If the model cannot be built for the run's data (a CNN on images that are not square).
+
+    """
+    input_shape, num_classes = dataset_shape(settings.data_spec())
+    try:
+        model = build_model(settings.training.model, input_shape=input_shape, num_classes=num_classes)
+    except ValueError as err:
+        raise ConfigError(f"run config key 'model': {err}") from err
+    return {name: tuple(value.shape) for name, value in model.state_dict().items()}
+
+
+def check_model(settings: Settings, contracts: Mapping[str, Contract] = CONTRACTS) -> None:
+    """The method's rules against the run's model: its personal arrays, and its own ``check_model``.
+
+    Runs on the server before the run's folder exists, and in ``python -m app.config``.
+    """
+    shapes = model_shapes(settings)
+    contracts[settings.run.strategy].personal_arrays(settings.method, list(shapes))
+    settings.method.check_model(shapes)
 
 
 def tuned_keys(settings: Settings, contracts: Mapping[str, Contract] = CONTRACTS) -> dict[str, str]:
@@ -140,11 +181,12 @@ def check_tuning(settings: Settings, contracts: Mapping[str, Contract] = CONTRAC
 
 
 def check_on_server(settings: Settings) -> None:
-    """Checks only the server makes, once, before any work: the method's files and ``resume-from``.
+    """Checks only the server makes, once, before any work: the method's files, its model rules, ``resume-from``.
 
     ``parse_settings`` runs on every SuperNode too, where the server's files need not exist.
     """
     settings.method.check_on_server()
+    check_model(settings)
     resume_from = settings.execution.resume_from
     if resume_from and not Path(resume_from).expanduser().exists():
         raise ConfigError(f"run config key 'resume-from': {resume_from!r} does not exist")

@@ -19,6 +19,7 @@ from clients.base import torch_device
 from clients.models import build_model, parameter_count
 from clients.training import accuracy_and_loss, to_tensor
 from datasets import dataset_shape, load_source
+from strategies.base import FederatedStrategy
 from strategies.checkpoint import Checkpoint, CheckpointError, checkpoint_file, load_checkpoint
 from strategies.resume import ContinuedRun
 from strategies.server import RoundServer
@@ -41,14 +42,27 @@ def central_evaluator(settings: Settings) -> Callable[[list[np.ndarray]], dict[s
     return evaluate
 
 
-def initial_parameters(settings: Settings) -> Parameters:
-    """The model every run starts from: built from the seed, so server and clients agree."""
+def initial_model(settings: Settings) -> tuple[Parameters, tuple[str, ...]]:
+    """The model every run starts from, built from the seed so server and clients agree, and its arrays' names."""
     input_shape, num_classes = dataset_shape(settings.data_spec())
     model = build_model(settings.training.model, input_shape=input_shape, num_classes=num_classes,
                         seed=settings.run.seed)  # fmt: skip
     log(INFO, "stamen: %s on %s, model %s (%d parameters)", settings.run.strategy, settings.data.dataset,
         settings.training.model, parameter_count(model))  # fmt: skip
-    return ndarrays_to_parameters([value.detach().cpu().numpy() for value in model.state_dict().values()])
+    arrays = model.state_dict()
+    return ndarrays_to_parameters([value.detach().cpu().numpy() for value in arrays.values()]), tuple(arrays)
+
+
+def initial_parameters(settings: Settings) -> Parameters:
+    """The model every run starts from (:func:`initial_model` without the names)."""
+    return initial_model(settings)[0]
+
+
+def build_strategy(settings: Settings, **options: object) -> FederatedStrategy:
+    """The run's method's strategy from its initial model; ``options`` go to its constructor (recorder, ...)."""
+    parameters, names = initial_model(settings)
+    return METHODS[settings.run.strategy].strategy(settings=settings, initial_parameters=parameters,
+                                                   array_names=names, **options)  # fmt: skip
 
 
 # What may change when a run resumes: its length, where and how often it writes, where it computes.
@@ -99,7 +113,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     checkpoint = checkpoint_to_resume(settings) if settings.execution.resume_from else None
     # everything that can fail on the server runs before the results folder exists, so a folder is
     # only made for a run that reaches its clients (and then ends with a summary.json either way)
-    parameters = initial_parameters(settings)
+    parameters, names = initial_model(settings)
     central_evaluation = central_evaluator(settings) if settings.run.central_eval else None
     if checkpoint is None:
         execution = settings.execution
@@ -113,6 +127,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     strategy = METHODS[settings.run.strategy].strategy(
         settings=settings,
         initial_parameters=parameters,
+        array_names=names,
         recorder=ResultWriter(run_dir=run_dir, settings=settings.as_run_config(), resume_after=resume_after),
         central_evaluation=central_evaluation,
     )

@@ -29,7 +29,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from app.config import parse_settings
 from app.registry import METHODS
-from app.server_app import initial_parameters
+from app.server_app import build_strategy
 from clients.base import TorchClient
 from clients.models import build_model
 from datasets import load_client_data
@@ -91,9 +91,7 @@ class InProcessRun:
 
     def __init__(self, *, run_config: dict, num_clients: int) -> None:
         self.settings = parse_settings(run_config)
-        method = METHODS[self.settings.run.strategy]
-        start = initial_parameters(self.settings)
-        self.strategy: FederatedStrategy = method.strategy(settings=self.settings, initial_parameters=start)
+        self.strategy: FederatedStrategy = build_strategy(self.settings)
         self.manager = SimpleClientManager()
         self.clients = build_clients(self.settings, num_clients)
         for partition, client in enumerate(self.clients):

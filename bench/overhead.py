@@ -141,14 +141,12 @@ def plain_loop(case: str, *, warmup: int, rounds: int) -> dict:
     from flwr.common import parameters_to_ndarrays
 
     from app.config import parse_settings
-    from app.registry import METHODS
-    from app.server_app import initial_parameters
+    from app.server_app import build_strategy
     from bench.inprocess import build_clients
 
     started = time.perf_counter()
     settings = parse_settings(run_config(case, warmup + rounds, "/tmp"))
-    method = METHODS[settings.run.strategy]
-    strategy = method.strategy(settings=settings, initial_parameters=initial_parameters(settings))
+    strategy = build_strategy(settings)
     clients = build_clients(settings, USERS)
     params = parameters_to_ndarrays(strategy.global_parameters)
     per_round = max(int(USERS * settings.run.fraction_fit), settings.run.min_fit_clients)

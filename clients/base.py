@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import sys
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import ClassVar
 
 import numpy as np
@@ -20,6 +20,7 @@ from clients.training import (
     PersonalisedResult,
     Step,
     TrainReport,
+    accuracy_and_loss,
     batch_indices,
     batches_of,
     personalised_evaluation,
@@ -54,6 +55,9 @@ from strategies.contracts.contract import Contract, MethodSettings
 from strategies.contracts.fathom import PHI
 from strategies.contracts.fedavg import CONTRACT as FEDAVG
 from strategies.contracts.keys import ConfigError
+from strategies.contracts.payload import LAYOUT, MODEL, PayloadError, pack, unpack
+
+PERSONAL_LAYERS = "personal-layers"  # the name under which a client keeps its personal arrays in Context.state
 
 
 def round_generator(seed: int, partition_id: int, server_round: int, purpose: str) -> np.random.Generator:
@@ -98,10 +102,14 @@ class TorchClient(NumPyClient):
     """A client holding one torch model and its own train/test arrays.
 
     A method's client sets ``contract`` and overrides :meth:`local_train` (and
-    :meth:`check` to refuse, before any work, settings its data cannot serve).
-    Everything else is shared: parameter exchange, the round's settings (the run's,
-    updated with what the server sent in the fit or evaluate config under the same
-    key names), the reply's metrics and the personalised evaluation.
+    :meth:`check` to refuse, before any work, settings its data cannot serve;
+    :meth:`personal_model` to be tested on a model of its own). Everything else is
+    shared: parameter exchange (the model, and the array sets the contract declares,
+    unpacked by name into :attr:`received` and packed from the report's ``arrays``), a
+    method's personal arrays (kept in ``Context.state``, merged into the model before
+    training and evaluation, never sent), the round's settings (the run's, updated with
+    what the server sent in the fit or evaluate config under the same key names), the
+    reply's metrics and the personalised evaluation.
 
     Parameters
     ----------
@@ -152,6 +160,11 @@ class TorchClient(NumPyClient):
         self.state = state if state is not None else ClientState(owner=self.contract.name)
         self.device = torch_device(settings.execution.device)
         self.model = model.to(self.device)
+        names = list(self.model.state_dict())
+        personal = set(self.contract.personal_arrays(self.method, names))
+        self.shared_names = [name for name in names if name not in personal]  # what travels
+        self.personal_names = [name for name in names if name in personal]  # what stays here, in Context.state
+        self.received: dict[str, list[np.ndarray]] = {}  # the array sets the server sent beside the model
         self.reload = reload
         self.use_data(data)
 
@@ -167,6 +180,15 @@ class TorchClient(NumPyClient):
     def local_train(self, training: TrainingSettings, method: MethodSettings, rng: np.random.Generator) -> TrainReport:
         """One round of local work from the model the server sent (in ``self.model``)."""
         raise NotImplementedError(f"{type(self).__name__} must define local_train")
+
+    def personal_model(self, training: TrainingSettings, method: MethodSettings) -> list[np.ndarray] | None:
+        """Every array of the model this client tests as its own, as it is; ``None`` tests the model received.
+
+        The model received (in ``self.model``, personal arrays merged) is adapted as the
+        evaluate config says and tested; a method that keeps a model of its own (Ditto's
+        ``v_k``) returns it here and it is tested without adaptation, beside the received one.
+        """
+        return None
 
     def batch_sizes(self, training: TrainingSettings, method: MethodSettings) -> dict[str, int]:
         """The round's batch sizes by key (base: ``batch-size``, when the method reads it)."""
@@ -203,11 +225,13 @@ class TorchClient(NumPyClient):
         batch_size: int | None = None,
         extra_loss: ExtraLoss | None = None,
         on_step: Callable[[Step], None] | None = None,
+        trainable: Collection[str] | None = None,
     ) -> TrainReport:
         """SGD on this client's training data: ``lr``, ``batch-size`` and ``local-steps`` or ``local-epochs``.
 
         A method may change the step size, the number of steps, the batch size, add a
-        loss term or watch every step (see :func:`clients.training.train_steps`).
+        loss term, watch every step, or train only some parameters (``trainable``, by
+        name; the rest frozen) (see :func:`clients.training.train_steps`).
         """
         num = len(self.train_y)
         batch_size = training.batch_size if batch_size is None else batch_size
@@ -215,7 +239,7 @@ class TorchClient(NumPyClient):
             steps = steps_for(num, batch_size, training.local_steps, training.local_epochs)
         batches = batches_of(self.train_x, self.train_y, batch_indices(num, batch_size, steps, rng))
         return train_steps(self.model, batches, training.lr if lr is None else lr, extra_loss=extra_loss,
-                           on_step=self.watched(on_step))  # fmt: skip
+                           on_step=self.watched(on_step), trainable=trainable)  # fmt: skip
 
     def watched(self, on_step: Callable[[Step], None] | None = None) -> Callable[[Step], None] | None:
         """``on_step``, and in a tuned run also the round's :class:`Alignment`; pass it to ``train_steps``."""
@@ -268,6 +292,51 @@ class TorchClient(NumPyClient):
         state = OrderedDict((k, torch.as_tensor(np.asarray(v))) for k, v in zip(keys, parameters, strict=True))
         self.model.load_state_dict(state, strict=True)
 
+    def shared_arrays(self) -> list[np.ndarray]:
+        """Copies of the model's arrays that travel (all of them, unless the method keeps personal ones)."""
+        values = self.model.state_dict()
+        return [values[name].detach().cpu().numpy().copy() for name in self.shared_names]
+
+    def receive(self, parameters: list[np.ndarray], config: dict, purpose: str) -> None:
+        """Take a ``purpose`` message's arrays: the model into ``self.model``, the other sets into ``received``.
+
+        The model's personal arrays come from ``Context.state`` (their initial values,
+        the first time); the message carries only the shared ones.
+
+        Raises
+        ------
+        ValueError
+            If the arrays do not match their layout, or the sets are not those the contract sends.
+
+        """
+        try:
+            sets = unpack(parameters, config.get(LAYOUT))
+        except PayloadError as err:
+            raise ValueError(f"{self.contract.name} client: {err}") from err
+        model = sets.pop(MODEL, [])
+        if tuple(sets) != self.contract.sent_sets(purpose):
+            raise ValueError(f"{self.contract.name} client: a {purpose} message carried array sets {list(sets)}, its "
+                             f"contract sends {list(self.contract.sent_sets(purpose))} (is the server's code another "
+                             "version of stamen?)")  # fmt: skip
+        if len(model) != len(self.shared_names):
+            raise ValueError(f"expected {len(self.shared_names)} arrays, received {len(model)}")
+        state = OrderedDict((k, torch.as_tensor(np.asarray(v))) for k, v in zip(self.shared_names, model, strict=True))
+        if self.personal_names:
+            kept = self.state.arrays(PERSONAL_LAYERS)
+            current = self.model.state_dict()
+            personal = kept if kept is not None else [current[name] for name in self.personal_names]
+            state.update((k, torch.as_tensor(np.asarray(v))) for k, v in zip(self.personal_names, personal,
+                                                                              strict=True))  # fmt: skip
+        self.model.load_state_dict(state, strict=True)
+        self.received = sets
+
+    def keep_personal(self) -> None:
+        """Store the model's personal arrays in ``Context.state`` for the next message (none: nothing to do)."""
+        if self.personal_names:
+            values = self.model.state_dict()
+            personal = [values[name].detach().cpu().numpy().copy() for name in self.personal_names]
+            self.state.set_arrays(PERSONAL_LAYERS, personal)
+
     def take_partition(self, config: dict) -> None:
         """Take the partition number the server sends (a device with its own data learns its number so).
 
@@ -282,7 +351,7 @@ class TorchClient(NumPyClient):
         self.partition_id = partition
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
-        self.set_parameters(parameters)
+        self.receive(parameters, config, "fit")
         self.take_partition(config)
         training, method = self.settings_for(config)
         self.check(training, method)
@@ -292,16 +361,32 @@ class TorchClient(NumPyClient):
         report = self.local_train(training, method, rng)
         if self.alignment is not None:  # a tuned run: FATHOM's local signal, and the step size in force
             report.extra.setdefault(PHI, self.alignment.phi)
+        self.keep_personal()
+        declared = self.contract.returned_sets()
+        if set(report.arrays) != set(declared):
+            raise RuntimeError(f"{type(self).__name__}.local_train returned array sets {sorted(report.arrays)}; "
+                               f"{self.contract.name}'s contract returns {list(declared)}")  # fmt: skip
+        arrays, layout = pack({MODEL: self.shared_arrays(), **{name: report.arrays[name] for name in declared}})
         metrics = {TRAIN_LOSS: report.mean_loss, LOCAL_STEPS: report.steps, GRAD_EVALS: report.grad_evals,
                    HVP_EVALS: report.hvp_evals, SAMPLE_GRADS: report.sample_grads, PARTITION_ID: self.partition_id,
-                   SMALL_BATCH: int(small), **report.extra}  # fmt: skip
-        return self.get_parameters({}), len(self.train_y), metrics
+                   SMALL_BATCH: int(small), **report.extra, LAYOUT: layout}  # fmt: skip
+        return arrays, len(self.train_y), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
-        """Personalised evaluation: adapt a copy on own training data, test on own test split."""
-        self.set_parameters(parameters)
+        """Personalised evaluation: adapt a copy on own training data, test on own test split.
+
+        A method whose client keeps a model of its own (:meth:`personal_model`) tests that
+        one, as it is, beside the model received.
+        """
+        self.receive(parameters, config, "evaluate")
         self.take_partition(config)
-        training, _ = self.settings_for(config)
+        training, method = self.settings_for(config)
+        own = self.personal_model(training, method)
+        if own is not None:
+            global_accuracy, global_loss = accuracy_and_loss(self.model, self.test_x, self.test_y)
+            self.set_parameters(own)
+            accuracy, loss = accuracy_and_loss(self.model, self.test_x, self.test_y)
+            return self.evaluation_reply(PersonalisedResult(accuracy, loss, global_accuracy, global_loss, 0))
         rng = round_generator(self.seed, self.partition_id, int(config.get("server-round", 0)), "evaluate")
         result = personalised_evaluation(
             self.model, (self.train_x, self.train_y), (self.test_x, self.test_y), adapt_steps=training.adapt_steps,
@@ -310,8 +395,15 @@ class TorchClient(NumPyClient):
         return self.evaluation_reply(result)
 
     def evaluation_reply(self, result: PersonalisedResult) -> tuple[float, int, dict]:
-        """``evaluate``'s reply: the personalised loss, the test examples and the shared evaluation metrics."""
-        metrics = {GLOBAL_LOSS: result.global_loss, GRAD_EVALS: result.grad_evals, PARTITION_ID: self.partition_id}
+        """``evaluate``'s reply: the personalised loss, the test examples and the shared evaluation metrics.
+
+        A client with personal arrays has no global model to test: its reply carries no ``global-*``.
+        """
+        metrics = {GRAD_EVALS: result.grad_evals, PARTITION_ID: self.partition_id}
+        if not self.personal_names:
+            metrics[GLOBAL_LOSS] = result.global_loss
         if not self.test_y.is_floating_point():  # classifiers; least squares has losses only
-            metrics |= {ACCURACY: result.accuracy, GLOBAL_ACCURACY: result.global_accuracy}
+            metrics[ACCURACY] = result.accuracy
+            if not self.personal_names:
+                metrics[GLOBAL_ACCURACY] = result.global_accuracy
         return result.loss, len(self.test_y), metrics

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from clients.base import TorchClient
-from clients.training import PersonalisedResult, TrainReport, accuracy_and_loss, proximal_term
+from clients.training import TrainReport, proximal_term
 from strategies.contracts.common import TrainingSettings
 from strategies.contracts.ditto import CONTRACT, PERSONAL_LOSS, PERSONAL_ROUNDS, DittoSettings
 
@@ -22,7 +22,8 @@ class DittoClient(TorchClient):
        ``v_k`` kept in ``Context.state`` (the first global model received, the first time).
 
     Evaluation tests ``v_k`` as it is (``accuracy``) and ``w^t`` (``global-accuracy``); a
-    client never sampled has no ``v_k`` yet and tests ``w^t`` for both.
+    client never sampled has no ``v_k`` yet and tests ``w^t`` for both (the strategy sends
+    ``adapt-steps`` 0).
     """
 
     contract = CONTRACT
@@ -46,14 +47,6 @@ class DittoClient(TorchClient):
             extra={PERSONAL_LOSS: personal.mean_loss, PERSONAL_ROUNDS: rounds},
         )  # fmt: skip
 
-    def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
-        """The personal model ``v_k`` on this client's test split, beside the global model ``w^t``."""
-        self.set_parameters(parameters)
-        self.take_partition(config)
-        global_accuracy, global_loss = accuracy_and_loss(self.model, self.test_x, self.test_y)
-        accuracy, loss = global_accuracy, global_loss  # a client never sampled has no v_k: it tests w^t
-        personal = self.state.arrays(PERSONAL)
-        if personal is not None:
-            self.set_parameters(personal)
-            accuracy, loss = accuracy_and_loss(self.model, self.test_x, self.test_y)
-        return self.evaluation_reply(PersonalisedResult(accuracy, loss, global_accuracy, global_loss, grad_evals=0))
+    def personal_model(self, training: TrainingSettings, method: DittoSettings) -> list[np.ndarray] | None:
+        """The personal model ``v_k``, tested beside the global ``w^t``; a client never sampled has none yet."""
+        return self.state.arrays(PERSONAL)

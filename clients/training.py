@@ -2,7 +2,7 @@
 
 Every client trains through :func:`train_steps`: from a model's parameters it takes
 one step per batch, ``w <- w - lr * direction``, and returns the model's new
-parameters with what the steps cost. What a step is can change in three places:
+parameters with what the steps cost. What a step is can change in four places:
 
 - ``direction``: the default is the gradient of the task loss (SGD); Per-FedAvg
   passes its meta-gradient, whose batch is the triple (D, D', D'').
@@ -11,6 +11,8 @@ parameters with what the steps cost. What a step is can change in three places:
   regulariser); the training loss reported stays the task's.
 - ``on_step``: called after every step with that step (FATHOM's ``phi`` watches
   the gradients go by).
+- ``trainable``: the parameters the steps move, by name, the rest held fixed (FedRep
+  trains its head with the body frozen, then its body with the head frozen).
 
 Parameters are never modified in place while training: every step makes new
 tensors (``torch.func.functional_call`` evaluates the model at them), and the
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,15 +50,28 @@ def task_loss(output: Tensor, target: Tensor, reduction: str = "mean") -> Tensor
     return F.cross_entropy(output, target, reduction=reduction)
 
 
-def model_loss(model: nn.Module) -> LossFn:
-    """The task loss of ``model`` at the given parameters (in ``named_parameters`` order)."""
+def model_loss(model: nn.Module, trainable: Sequence[str] | None = None) -> LossFn:
+    """The task loss of ``model`` at the given parameters (in ``named_parameters`` order).
+
+    With ``trainable`` (parameter names), the loss takes those parameters alone, in
+    ``named_parameters`` order, and holds the others at their values now.
+    """
     names = [name for name, _ in model.named_parameters()]
+    if trainable is None:
 
-    def loss(params: Params, batch: Batch) -> Tensor:
+        def loss(params: Params, batch: Batch) -> Tensor:
+            x, y = batch
+            return task_loss(functional_call(model, dict(zip(names, params, strict=True)), (x,)), y)
+
+        return loss
+    frozen = {name: p.detach() for name, p in model.named_parameters() if name not in trainable}
+    moving = [name for name in names if name in trainable]
+
+    def partial_loss(params: Params, batch: Batch) -> Tensor:
         x, y = batch
-        return task_loss(functional_call(model, dict(zip(names, params, strict=True)), (x,)), y)
+        return task_loss(functional_call(model, {**frozen, **dict(zip(moving, params, strict=True))}, (x,)), y)
 
-    return loss
+    return partial_loss
 
 
 def gradient(
@@ -123,6 +138,7 @@ class TrainReport:
     sample_grads: int
     hvp_evals: int = 0
     extra: dict = field(default_factory=dict)  # method-specific scalar metrics for the reply
+    arrays: dict[str, list[np.ndarray]] = field(default_factory=dict)  # the array sets the contract returns, by name
 
 
 class Alignment:
@@ -160,6 +176,7 @@ def train_steps(
     direction: Direction = gradient_direction,
     extra_loss: ExtraLoss | None = None,
     on_step: Callable[[Step], None] | None = None,
+    trainable: Collection[str] | None = None,
 ) -> TrainReport:
     """``w <- w - lr * direction(w, batch)`` for every batch, then the model holds the final ``w``.
 
@@ -177,10 +194,26 @@ def train_steps(
         Added to the task loss before differentiating (a function of the parameters).
     on_step
         Called with every step, after it is taken.
+    trainable
+        The names of the parameters to train (``named_parameters``'); the others stay
+        as they are. ``direction``, ``extra_loss`` and ``on_step`` then see the trained
+        parameters alone, in model order. ``None`` trains every parameter.
+
+    Raises
+    ------
+    ValueError
+        If ``trainable`` names a parameter the model lacks, or none at all.
 
     """
-    loss_fn = model_loss(model)
-    params = tuple(p.detach() for p in model.parameters())
+    names = [name for name, _ in model.named_parameters()]
+    if trainable is not None:
+        unknown = sorted(set(trainable) - set(names))
+        if unknown or not trainable:
+            raise ValueError(f"trainable names {unknown or '(none)'}; the model's parameters are {names}")
+        trainable = [name for name in names if name in trainable]
+    loss_fn = model_loss(model, trainable)
+    targets = [p for name, p in model.named_parameters() if trainable is None or name in trainable]
+    params = tuple(p.detach() for p in targets)
     model.train()
     losses, grad_evals, hvp_evals, sample_grads = [], 0, 0, 0
     for batch in batches:
@@ -192,11 +225,16 @@ def train_steps(
         grad_evals += step.grad_evals
         hvp_evals += step.hvp_evals
         sample_grads += step.sample_grads
-    with torch.no_grad():
-        for target, value in zip(model.parameters(), params, strict=True):
-            target.copy_(value)
+    write_parameters(targets, params)
     mean = float(torch.stack(losses).double().mean()) if losses else float("nan")  # the round's one read
     return TrainReport(mean, len(losses), grad_evals, sample_grads, hvp_evals)
+
+
+def write_parameters(targets: Iterable[nn.Parameter], values: Params) -> None:
+    """Copy ``values`` into the parameters ``targets`` (``model.parameters()``, or some of them), in order."""
+    with torch.no_grad():
+        for target, value in zip(targets, values, strict=True):
+            target.copy_(value)
 
 
 # ------------------------------------------------------------------ batches

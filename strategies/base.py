@@ -12,23 +12,30 @@ hook                    what it decides                                         
 ``evaluate_config``     what every evaluate config holds                        ``adapt-*``, ``adapt-lr`` = lr
 ``sample_fit``          which partitions train this round                       seeded, ``fraction-fit``
 ``sample_evaluate``     which partitions evaluate                               seeded, ``fraction-evaluate``
-``parameters_for``      the model a partition is sent                           the global model
+``parameters_for``      the model a partition is sent, for fit or evaluate      the global model's shared arrays
+``payload_for``         the array sets sent beside it (the contract's sends)    none
+``payload_shapes``      the shapes a returned array set must have               the shared arrays' shapes
 ``combine``             how accepted replies become the new global model        weighted average
 ``start``               set-up once the nodes are known (before round 1)        nothing
 ``state``/``restore``   what a checkpoint keeps besides the global model        nothing
 ``finish``              what the run writes at its end                          nothing
 ======================  =====================================================  ============================
 
-Flower's ``Strategy`` methods are implemented here once and call the hooks; a round's
-record is written by :meth:`end_round`, which :class:`strategies.server.RoundServer`
-calls after each round's evaluation.
+Flower's ``Strategy`` methods are implemented here once and call the hooks; a method
+never overrides them (``tests/test_registry.py`` checks every registered one). What
+travels beside the model is declared in the contract (``sends``, ``returns``) and
+packed by name (``strategies.contracts.payload``); a method with personal layers
+(``personal``) has only its shared arrays sent, screened and averaged, while the
+global model keeps the rest at their initial values. A round's record is written by
+:meth:`end_round`, which :class:`strategies.server.RoundServer` calls after each
+round's evaluation.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from logging import ERROR, INFO, WARNING
 from typing import ClassVar
 
@@ -40,6 +47,7 @@ from flwr.common import (
     FitRes,
     Parameters,
     Scalar,
+    ndarray_to_bytes,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
@@ -53,13 +61,15 @@ from strategies.checkpoint import Checkpoint, CheckpointError, arrays_of_model, 
 from strategies.contracts.common import EVALUATE_METRICS, FIT_METRICS, PARTITION_ID, Settings
 from strategies.contracts.contract import Contract
 from strategies.contracts.fedavg import CONTRACT as FEDAVG
+from strategies.contracts.payload import LAYOUT, MODEL, layout_of, unpack
 from strategies.nodes import NodeDirectory, PreflightError, data_lines
 from strategies.recorder import NullRecorder, Recorder
-from strategies.records import evaluation_summary, fit_totals, progress_line, run_summary, summary_line
+from strategies.records import evaluation_summary, fit_summary, progress_line, run_summary, summary_line
 from strategies.sampling import sample_partitions, sample_size
 from strategies.screening import (
     Reply,
     evaluate_reply_problem,
+    extras_problem,
     fit_reply_problem,
     is_non_finite,
     outsized,
@@ -92,6 +102,9 @@ class FederatedStrategy(Strategy):
         The run's settings; ``settings.method`` must be this strategy's contract's settings.
     initial_parameters
         The global model before round 1.
+    array_names
+        The names of the model's arrays (its ``state_dict`` keys, in order); needed by a
+        method whose contract keeps personal arrays on the clients, to find them.
     recorder
         Receives the round records, named arrays, checkpoints and the final summary.
     central_evaluation
@@ -107,6 +120,7 @@ class FederatedStrategy(Strategy):
         *,
         settings: Settings,
         initial_parameters: Parameters,
+        array_names: Sequence[str] = (),
         recorder: Recorder | None = None,
         central_evaluation: Callable[[list[np.ndarray]], dict[str, float]] | None = None,
     ) -> None:
@@ -121,6 +135,11 @@ class FederatedStrategy(Strategy):
         self.global_parameters = initial_parameters
         self.global_model = parameters_to_ndarrays(initial_parameters)  # decoded once, kept decoded
         self.shapes = [a.shape for a in self.global_model]
+        self.shared = self._shared_indices(array_names)  # the model's arrays that travel, by index
+        self.sent_shapes = [self.shapes[i] for i in self.shared]
+        self.global_shared = self._shared_part(self.global_model)
+        self.connected_partitions: list[int] = []  # the partitions connected when this round's fit was configured
+        self._encoded: dict[int, tuple[list[np.ndarray], list[bytes]]] = {}  # while one round's messages are built
         self.fit_specs = {m.name: m for m in (*FIT_METRICS, *self.contract.metrics)}
         self.tuner: FathomTuner | None = None
         if settings.tuner is not None:  # tune = "fathom": the values in force move every round
@@ -140,6 +159,36 @@ class FederatedStrategy(Strategy):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rounds={self.num_rounds})"
+
+    def _shared_indices(self, array_names: Sequence[str]) -> list[int]:
+        everything = list(range(len(self.global_model)))
+        if self.contract.personal is None:
+            return everything
+        if len(array_names) != len(self.global_model):
+            raise TypeError(f"{type(self).__name__} keeps {self.contract.personal.describe(self.method.values())} on "
+                            f"the clients and needs the model's array names to find them (array_names): got "
+                            f"{len(array_names)} names for {len(self.global_model)} arrays")  # fmt: skip
+        personal = set(self.contract.personal_arrays(self.method, array_names))
+        return [i for i in everything if array_names[i] not in personal]
+
+    def _shared_part(self, model: list[np.ndarray]) -> list[np.ndarray]:
+        return model if len(self.shared) == len(model) else [model[i] for i in self.shared]
+
+    def _use_model(self, model: list[np.ndarray]) -> None:
+        """Make ``model`` (every array, personal ones included) the global model."""
+        self.global_model = model
+        self.global_shared = self._shared_part(model)
+        self.global_parameters = ndarrays_to_parameters(model)
+
+    def _use_shared(self, shared: list[np.ndarray]) -> None:
+        """Make ``shared`` the global model's shared arrays; its personal ones keep their values."""
+        if len(self.shared) == len(self.global_model):
+            self._use_model(shared)
+            return
+        model = list(self.global_model)
+        for index, array in zip(self.shared, shared, strict=True):
+            model[index] = array
+        self._use_model(model)
 
     @property
     def name(self) -> str:
@@ -172,16 +221,29 @@ class FederatedStrategy(Strategy):
         """The partitions that evaluate in ``server_round``: ``fraction-evaluate`` of those connected, seeded."""
         return self._sample(server_round, partitions, self.settings.run.fraction_evaluate, "evaluate")
 
-    def parameters_for(self, partition: int) -> Parameters:
-        """The model sent to ``partition`` (for training and for evaluation)."""
-        return self.global_parameters
+    def parameters_for(self, partition: int, purpose: str) -> list[np.ndarray]:
+        """The model's arrays sent to ``partition`` in a ``purpose`` (``fit`` or ``evaluate``) instruction.
+
+        The default is the global model's shared arrays (all of them, unless the contract
+        keeps personal ones on the clients). A reply's update is measured from what this
+        returns for ``fit``, so it must return the same arrays for a partition within a round.
+        """
+        return self.global_shared
+
+    def payload_for(self, partition: int, purpose: str) -> dict[str, list[np.ndarray]]:
+        """The array sets sent to ``partition`` beside the model: those the contract ``sends`` for ``purpose``."""
+        return {}
+
+    def payload_shapes(self, name: str) -> list[tuple[int, ...]]:
+        """The shapes the returned array set ``name`` must have: by default those of the arrays that travel."""
+        return self.sent_shapes
 
     def combine(self, server_round: int, replies: list[Reply]) -> tuple[list[np.ndarray] | None, dict[str, Scalar]]:
-        """The new global model from the round's accepted replies, and extra metrics for the record.
+        """The new global model's shared arrays from the round's accepted replies, and extra metrics for the record.
 
         ``None`` keeps the global model. The default averages the models, by example
         count or uniformly (``aggregation``). Replies come in partition order; their
-        arrays may be overwritten.
+        arrays may be overwritten; the sets the contract ``returns`` are in ``reply.extras``.
         """
         if not replies:
             return None, {}
@@ -253,24 +315,63 @@ class FederatedStrategy(Strategy):
         self.record = {"round": server_round, "strategy": self.name, "_start": time.perf_counter()}
         self.record.update({f"hp-{k}": v for k, v in config.items() if k != "server-round"})
         nodes = self.nodes.connected(client_manager)
-        chosen = self.sample_fit(server_round, sorted(nodes))
+        self.connected_partitions = sorted(nodes)
+        chosen = self.sample_fit(server_round, self.connected_partitions)
         self.record.update({"clients-sampled": len(chosen), "fit-partitions": chosen})
-        # each node is told its partition: a device with its own data learns its number so
-        return [(nodes[p], FitIns(self.parameters_for(p), {**config, PARTITION_ID: p})) for p in chosen]
+        # each node is told its partition (a device with its own data learns its number so) and the layout
+        instructions = [(nodes[p], FitIns(*self._message(p, "fit", config))) for p in chosen]
+        self.record["fit-bytes-sent"] = sum(_size(ins.parameters) for _, ins in instructions)
+        return instructions
+
+    def _message(self, partition: int, purpose: str, config: dict[str, Scalar]) -> tuple[Parameters, dict[str, Scalar]]:
+        """The parameters and config of one instruction: the model, the declared array sets, their layout.
+
+        Raises
+        ------
+        RuntimeError
+            If ``payload_for`` builds other array sets than the contract declares for ``purpose``.
+
+        """
+        model = self.parameters_for(partition, purpose)
+        extras = self.payload_for(partition, purpose)
+        declared = self.contract.sent_sets(purpose)
+        if tuple(extras) != declared:
+            raise RuntimeError(f"{type(self).__name__}.payload_for({partition}, {purpose!r}) built array sets "
+                               f"{list(extras)}; {self.name}'s contract sends {list(declared)}")  # fmt: skip
+        layout = layout_of({MODEL: model, **extras})
+        if model is self.global_model and not extras:  # the common message: the global model, encoded once a round
+            parameters = self.global_parameters
+        else:
+            tensors = [t for arrays in (model, *extras.values()) for t in self._encode(arrays)]
+            parameters = Parameters(tensors=tensors, tensor_type=self.global_parameters.tensor_type)
+        return parameters, {**config, PARTITION_ID: partition, LAYOUT: layout}
+
+    def _encode(self, arrays: list[np.ndarray]) -> list[bytes]:
+        """``arrays`` as Flower's bytes, each list encoded once however many messages carry it."""
+        if arrays is self.global_model:
+            return self.global_parameters.tensors
+        if arrays is self.global_shared:
+            return [self.global_parameters.tensors[i] for i in self.shared]
+        cached = self._encoded.get(id(arrays))
+        if cached is None or cached[0] is not arrays:
+            cached = (arrays, [ndarray_to_bytes(a) for a in arrays])
+            self._encoded[id(arrays)] = cached
+        return cached[1]
 
     def aggregate_fit(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        self._encoded.clear()  # this round's messages are built and sent
+        self.record["fit-bytes-received"] = sum(_size(res.parameters) for _, res in results)
         replies, rejected = self.screen_fit(server_round, results)
-        metrics = fit_totals(replies, self.fit_specs.values())
-        previous = self.global_model
+        metrics = fit_summary(replies, self.fit_specs.values())
+        previous = self.global_shared
         arrays, extra = self.combine(server_round, replies)
         metrics.update(extra)
         if self.tuner is not None and arrays is not None and replies:
             metrics.update(self.tuner.update(previous, arrays, replies))
         if arrays is not None:
-            self.global_model = arrays
-            self.global_parameters = ndarrays_to_parameters(arrays)
+            self._use_shared(arrays)
         elif not replies:
             log(WARNING, "round %s: no usable fit reply; the global model is unchanged", server_round)
         self.record.update({"clients-succeeded": len(replies), "clients-failed": len(failures) + rejected,
@@ -296,7 +397,10 @@ class FederatedStrategy(Strategy):
         chosen = self.sample_evaluate(server_round, sorted(nodes))
         config = {**self.evaluate_config(), "server-round": server_round}
         self.record["eval-adapt-lr"] = config.get("adapt-lr")  # the test-time step in force, which a tuner may move
-        return [(nodes[p], EvaluateIns(self.parameters_for(p), {**config, PARTITION_ID: p})) for p in chosen]
+        instructions = [(nodes[p], EvaluateIns(*self._message(p, "evaluate", config))) for p in chosen]
+        self._encoded.clear()
+        self.record["eval-bytes-sent"] = sum(_size(ins.parameters) for _, ins in instructions)
+        return instructions
 
     def aggregate_evaluate(
         self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures
@@ -339,18 +443,25 @@ class FederatedStrategy(Strategy):
     def screen_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]) -> tuple[list[Reply], int]:
         """The replies that may be combined (decoded, in partition order) and how many were rejected.
 
-        The record counts the rejections for non-finite values (``clients-nonfinite``).
+        Each reply is unpacked by the layout it names; its model arrays are screened by
+        the shapes sent, finiteness and the declared metrics, and every array set the
+        contract ``returns`` by its own shapes (``payload_shapes``) and finiteness. The
+        record counts the rejections for non-finite values (``clients-nonfinite``).
         """
         replies, rejected, non_finite = [], 0, 0
+        returned = {name: self.payload_shapes(name) for name in self.contract.returned_sets()}
         for proxy, res in results:
             try:
-                arrays = parameters_to_ndarrays(res.parameters)
-                problem = fit_reply_problem(arrays, res.num_examples, res.metrics, self.shapes, self.fit_specs)
+                sets = unpack(parameters_to_ndarrays(res.parameters), res.metrics.get(LAYOUT))
+                arrays = sets.pop(MODEL, [])
+                metrics = {k: v for k, v in res.metrics.items() if k != LAYOUT}
+                problem = (fit_reply_problem(arrays, res.num_examples, metrics, self.sent_shapes, self.fit_specs)
+                           or extras_problem(sets, returned, self.name))  # fmt: skip
             except Exception as err:  # undecodable payloads are malformed replies too
                 problem = f"unreadable reply ({err})"
             if problem is None:
                 partition = self.nodes.partition_of(proxy.cid)
-                replies.append(Reply(proxy.cid, partition, arrays, res.num_examples, dict(res.metrics)))
+                replies.append(Reply(proxy.cid, partition, arrays, res.num_examples, metrics, extras=sets))
             else:
                 log(WARNING, "round %s: rejected fit reply from %s: %s", server_round, self.nodes.label(proxy.cid),
                     problem)  # fmt: skip
@@ -361,8 +472,8 @@ class FederatedStrategy(Strategy):
         return sorted(replies, key=lambda reply: reply.partition), rejected + too_large
 
     def sent_to(self, partition: int) -> list[np.ndarray]:
-        """The arrays ``partition`` was sent this round (a reply's update is measured from them)."""
-        return self.sent_model
+        """The model arrays ``partition`` was sent this round (a reply's update is measured from them)."""
+        return self.parameters_for(partition, "fit")
 
     def screen_update_norms(self, server_round: int, replies: list[Reply]) -> tuple[list[Reply], int]:
         """Record the round's update norms; drop replies beyond ``max-update-ratio`` times their median.
@@ -439,8 +550,7 @@ class FederatedStrategy(Strategy):
         reason = (f"diverged: in rounds {first}-{server_round} {what}; the step sizes in force were {shown}; "
                   f"{self.divergence_hint()}; kept the model after round {good_round}, the last whose replies were "
                   "finite")  # fmt: skip
-        self.global_model = good_model
-        self.global_parameters = ndarrays_to_parameters(good_model)
+        self._use_model(good_model)
         self.recorder.save_checkpoint(self.checkpoint(good_round))
         self.finish()
         self.recorder.finish(self.summary("stopped", reason=reason, **{"last-good-round": good_round}))
@@ -529,10 +639,14 @@ class FederatedStrategy(Strategy):
         self.restore(checkpoint.arrays, checkpoint.state.get("own", {}))
         if self.tuner is not None:
             self.tuner.restore(checkpoint.arrays, checkpoint.state["tuner"])
-        self.global_model = stored
-        self.global_parameters = ndarrays_to_parameters(stored)
+        self._use_model(stored)
         log(INFO, "resumed after round %d of %d", checkpoint.round, self.num_rounds)
         return self.global_parameters
+
+
+def _size(parameters: Parameters) -> int:
+    """The bytes of a message's arrays (what travels, less Flower's framing)."""
+    return sum(len(tensor) for tensor in parameters.tensors)
 
 
 def describe_failure(failure: object) -> str:

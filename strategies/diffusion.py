@@ -5,7 +5,7 @@ from __future__ import annotations
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.common import Parameters, Scalar, ndarrays_to_parameters
+from flwr.common import Scalar
 from flwr.common.logger import log
 
 from strategies.aggregation import flatten, unflatten
@@ -78,11 +78,8 @@ class Diffusion(FederatedStrategy):
         """Every connected agent tests its own model."""
         return [p for p in partitions if p < self.network.num_agents]
 
-    def parameters_for(self, partition: int) -> Parameters:
-        return ndarrays_to_parameters(unflatten(self.agents[partition], self.shapes))
-
-    def sent_to(self, partition: int) -> list[np.ndarray]:
-        """Agent ``partition``'s own model: its update is measured from it."""
+    def parameters_for(self, partition: int, purpose: str) -> list[np.ndarray]:
+        """Agent ``partition``'s own model, to train from or to test (its update is measured from it)."""
         return unflatten(self.agents[partition], self.shapes)
 
     def evaluate_config(self) -> dict[str, Scalar]:

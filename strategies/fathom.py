@@ -24,7 +24,7 @@ class Fathom(FederatedStrategy):
     force in its fit config; models are averaged by example count; the aggregated update
     and the clients' ``phi`` give the normalised hypergradients. The record holds the
     values in force (``hp-*``), ``H``, ``G``, ``phi-mean`` and the range of the ``lr``
-    the clients say they used.
+    the clients say they used (``client-lr-min``, ``-max``: the contract's summary of their ``lr``).
     """
 
     contract = CONTRACT
@@ -39,6 +39,4 @@ class Fathom(FederatedStrategy):
     def combine(self, server_round: int, replies: list[Reply]) -> tuple[list[np.ndarray] | None, dict[str, Scalar]]:
         if not replies:
             return None, {}
-        received_lr = [float(reply.metrics.get("lr", np.nan)) for reply in replies]
-        arrays = weighted_average_inplace([reply.arrays for reply in replies], [r.num_examples for r in replies])
-        return arrays, {"client-lr-min": float(np.min(received_lr)), "client-lr-max": float(np.max(received_lr))}
+        return weighted_average_inplace([reply.arrays for reply in replies], [r.num_examples for r in replies]), {}

@@ -15,30 +15,43 @@ from strategies.summaries import summarise, weighted_mean
 TIMING_KEYS = ("round-seconds", "elapsed-seconds", "evaluate-seconds")
 
 
-def fit_totals(replies: Sequence[Reply], specs: Iterable[Metric]) -> dict[str, float | int]:
-    """Example-weighted training loss, examples, and the round's sum of every metric declared with a total."""
-    weights = [reply.num_examples for reply in replies]
-    out: dict[str, float | int] = {
-        TRAIN_LOSS: weighted_mean([float(r.metrics.get(TRAIN_LOSS, np.nan)) for r in replies], weights),
-        "examples": int(sum(weights)),
-    }
+def fit_summary(replies: Sequence[Reply], specs: Iterable[Metric]) -> dict[str, float | int]:
+    """The round's examples and, for every declared metric, the statistics its ``summary`` asks for.
+
+    A mean is weighted by example count over the replies that carry the metric; a sum
+    counts a missing value as 0 and stays an integer when every value is one; a metric
+    no reply carries gets only its sum (0), no mean, min or max.
+    """
+    out: dict[str, float | int] = {"examples": int(sum(reply.num_examples for reply in replies))}
     for spec in specs:
-        if spec.total:
-            out[spec.total] = int(sum(int(r.metrics.get(spec.name, 0)) for r in replies))
+        carried = [(reply.metrics[spec.name], reply.num_examples) for reply in replies if spec.name in reply.metrics]
+        values = [value for value, _ in carried]
+        for statistic, key in spec.record_keys().items():
+            if statistic == "sum":
+                integral = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+                out[key] = int(sum(values)) if integral else float(sum(float(v) for v in values))
+            elif values:
+                numbers = [float(v) for v in values]
+                if statistic == "mean":
+                    out[key] = weighted_mean(numbers, [examples for _, examples in carried])
+                else:
+                    out[key] = min(numbers) if statistic == "min" else max(numbers)
     return out
 
 
 def evaluation_summary(replies: Sequence[tuple[float, int, dict]]) -> dict[str, float | int]:
-    """Personalised and global accuracy (weighted mean and spread) over ``(loss, examples, metrics)`` replies."""
+    """Personalised and global accuracy (weighted mean and spread) over ``(loss, examples, metrics)`` replies.
+
+    The global model's metrics are summarised over the replies that carry them: a
+    client whose method keeps personal layers has no global model to test, and sends none.
+    """
     weights = [n for _, n, _ in replies]
     out: dict[str, float | int] = {"eval-clients": len(replies), "loss": weighted_mean([r[0] for r in replies],
                                                                                        weights)}  # fmt: skip
-    out.update(summarise(GLOBAL_LOSS, [float(m.get(GLOBAL_LOSS, loss)) for loss, _, m in replies], weights))
-    classified = [(n, m) for _, n, m in replies if ACCURACY in m]
-    if classified:  # regression clients report losses only
-        weights = [n for n, _ in classified]
-        out.update(summarise(ACCURACY, [float(m[ACCURACY]) for _, m in classified], weights))
-        out.update(summarise(GLOBAL_ACCURACY, [float(m.get(GLOBAL_ACCURACY, np.nan)) for _, m in classified], weights))
+    for name in (ACCURACY, GLOBAL_LOSS, GLOBAL_ACCURACY):  # regression clients report losses only
+        carried = [(n, float(m[name])) for _, n, m in replies if name in m]
+        if carried:
+            out.update(summarise(name, [v for _, v in carried], [n for n, _ in carried]))
     return out
 
 
@@ -50,12 +63,14 @@ def progress_line(record: dict, num_rounds: int) -> str:
         f"train-loss {record.get(TRAIN_LOSS, float('nan')):.4f}",
     ]
     if ACCURACY in record:
-        parts.append(
-            f"personalised acc {record[ACCURACY]:.4f} (min {record['accuracy-min']:.3f}, "
-            f"max {record['accuracy-max']:.3f}) global acc {record[GLOBAL_ACCURACY]:.4f}"
-        )
+        shown = (f"personalised acc {record[ACCURACY]:.4f} (min {record['accuracy-min']:.3f}, max "
+                 f"{record['accuracy-max']:.3f})")  # fmt: skip
+        if GLOBAL_ACCURACY in record:
+            shown += f" global acc {record[GLOBAL_ACCURACY]:.4f}"
+        parts.append(shown)
     elif "loss" in record:
-        parts.append(f"test loss {record['loss']:.5f} (un-adapted {record[GLOBAL_LOSS]:.5f})")
+        unadapted = f" (un-adapted {record[GLOBAL_LOSS]:.5f})" if GLOBAL_LOSS in record else ""
+        parts.append(f"test loss {record['loss']:.5f}{unadapted}")
     if "central-accuracy" in record:
         parts.append(f"central acc {record['central-accuracy']:.4f}")
     parts.append(f"{record['round-seconds']:.2f} s")
@@ -85,9 +100,11 @@ def summary_line(summary: dict) -> str:
     def fmt(value: object) -> str:
         return f"{value:.4f}" if isinstance(value, float) else str(value)
 
+    tested = GLOBAL_ACCURACY in final or ACCURACY not in final  # a method with personal layers tests no global model
+    shown_global = f"global accuracy {fmt(final.get(GLOBAL_ACCURACY))}" if tested else "no global model tested"
     return (
         f"{summary['strategy']}: {summary['rounds']} rounds in {summary['total-seconds']:.1f} s; final personalised "
-        f"accuracy {fmt(final.get(ACCURACY))} (client mean {fmt(final.get('accuracy-client-mean'))}), global "
-        f"accuracy {fmt(final.get(GLOBAL_ACCURACY))}; best personalised {fmt(summary['best-accuracy'])} "
+        f"accuracy {fmt(final.get(ACCURACY))} (client mean {fmt(final.get('accuracy-client-mean'))}), "
+        f"{shown_global}; best personalised {fmt(summary['best-accuracy'])} "
         f"(round {summary['best-round']}); failed or rejected replies {summary['clients-failed']}"
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,6 +22,8 @@ class Reply:
 
     ``partition`` is the partition the server knows the node by; replies are
     combined in partition order, so a run's sums never depend on arrival order.
+    ``arrays`` are the model's arrays that travel (all of them, or the shared ones of a
+    method with personal layers); ``extras`` the array sets its contract ``returns``.
     """
 
     node: str
@@ -29,6 +31,7 @@ class Reply:
     arrays: list[np.ndarray]
     num_examples: int
     metrics: Mapping[str, object]
+    extras: Mapping[str, list[np.ndarray]] = field(default_factory=dict)  # the array sets beside the model, by name
 
 
 NON_FINITE = "non-finite"  # every problem that is about values that are not finite says so
@@ -49,6 +52,18 @@ def metrics_problem(metrics: Mapping[str, object], specs: Mapping[str, Metric]) 
     return None
 
 
+def arrays_problem(arrays: Sequence[np.ndarray], expected_shapes: Sequence[tuple[int, ...]]) -> str | None:
+    """Why a list of arrays is not what was expected (count, shapes, finite numbers), or ``None``."""
+    if len(arrays) != len(expected_shapes):
+        return f"{len(arrays)} arrays, expected {len(expected_shapes)}"
+    for i, (array, shape) in enumerate(zip(arrays, expected_shapes, strict=True)):
+        if tuple(array.shape) != tuple(shape):
+            return f"array {i} has shape {tuple(array.shape)}, expected {tuple(shape)}"
+        if not np.issubdtype(array.dtype, np.number) or not np.all(np.isfinite(array)):
+            return f"array {i} holds {NON_FINITE} or non-numeric values"
+    return None
+
+
 def fit_reply_problem(
     arrays: Sequence[np.ndarray],
     num_examples: int,
@@ -62,19 +77,33 @@ def fit_reply_problem(
     wrong shape, a non-finite value, a non-positive example count, a metric outside
     its declared range, or lacks a metric its method requires.
     """
-    if len(arrays) != len(expected_shapes):
-        return f"{len(arrays)} arrays, expected {len(expected_shapes)}"
-    for i, (array, shape) in enumerate(zip(arrays, expected_shapes, strict=True)):
-        if tuple(array.shape) != tuple(shape):
-            return f"array {i} has shape {tuple(array.shape)}, expected {tuple(shape)}"
-        if not np.issubdtype(array.dtype, np.number) or not np.all(np.isfinite(array)):
-            return f"array {i} holds {NON_FINITE} or non-numeric values"
+    if problem := arrays_problem(arrays, expected_shapes):
+        return problem
     if num_examples <= 0:
         return f"non-positive example count {num_examples}"
     missing = [name for name, spec in specs.items() if spec.required and name not in metrics]
     if missing:
         return f"no {missing[0]!r} metric"
     return metrics_problem(metrics, specs)
+
+
+def extras_problem(
+    extras: Mapping[str, Sequence[np.ndarray]], expected: Mapping[str, Sequence[tuple[int, ...]]], method: str
+) -> str | None:
+    """Why a reply's array sets beside the model are not the ones ``method``'s contract declares, or ``None``.
+
+    ``expected`` maps each declared set to its shapes; a missing set, an undeclared one,
+    or a set with a wrong count, shape or a non-finite value is named with the method.
+    """
+    for name, shapes in expected.items():
+        if name not in extras:
+            return f"{method} array set {name!r} is missing"
+        if problem := arrays_problem(extras[name], shapes):
+            return f"{method} array set {name!r}: {problem}"
+    undeclared = sorted(set(extras) - set(expected))
+    if undeclared:
+        return f"array set(s) {undeclared} are not declared by {method}'s contract (it returns {list(expected)})"
+    return None
 
 
 def evaluate_reply_problem(

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 from flwr.common import Code, GetPropertiesRes, Status
 from flwr.server.client_proxy import ClientProxy
 
 from app.config import parse_settings
+from datasets import ClientData
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("STAMEN_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -27,6 +29,14 @@ def shared_dataset(name: str) -> Path:
 def settings(**config):
     """Run settings from keyword arguments: ``settings(strategy="fedavg", local_steps=4)``."""
     return parse_settings({key.replace("_", "-"): value for key, value in config.items()})
+
+
+def regression_data(n: int = 16, seed: int = 0) -> tuple[ClientData, np.ndarray, np.ndarray]:
+    """A client's least-squares data (3 features), and its training inputs and targets in float64 for hand maths."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 3)).astype(np.float32)
+    y = (x @ np.array([1.0, -2.0, 0.5]) + 0.1 * rng.normal(size=n)).astype(np.float32)
+    return ClientData(x, y, x[:4], y[:4], num_classes=0), x.astype(np.float64), y.astype(np.float64)
 
 
 class FakeProxy(ClientProxy):

@@ -185,7 +185,7 @@ def test_strategy_broadcasts_state_rejects_missing_phi_and_updates():
     instructions = strategy.configure_fit(1, strategy.global_parameters, manager)
     partition = instructions[0][1].config["partition-id"]  # each node is told its partition
     assert instructions[0][1].config == {"lr": 0.1, "local-epochs": 1.0, "batch-size": 16.0, "server-round": 1,
-                                         "partition-id": partition}  # fmt: skip
+                                         "partition-id": partition, "payload": "model:1"}  # fmt: skip
     replies = [
         (proxies[0], FitRes(OK, ndarrays_to_parameters([np.ones(3, np.float32)]), 10, {"phi": 0.5, "lr": 0.1})),
         (proxies[1], FitRes(OK, ndarrays_to_parameters([np.ones(3, np.float32)]), 10, {"phi": 0.5, "lr": 0.1})),

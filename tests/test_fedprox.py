@@ -2,23 +2,15 @@
 
 import numpy as np
 import pytest
-from conftest import settings
+from conftest import regression_data, settings
 from flwr.common import ndarrays_to_parameters
 
 from clients.fedavg import FedAvgClient
 from clients.fedprox import FedProxClient
 from clients.models import build_model
-from datasets import ClientData
 from strategies.fedprox import FedProx
 
 N, D = 16, 3
-
-
-def regression_data(seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(N, D)).astype(np.float32)
-    y = (x @ np.array([1.0, -2.0, 0.5]) + 0.1 * rng.normal(size=N)).astype(np.float32)
-    return ClientData(x, y, x[:4], y[:4], num_classes=0), x.astype(np.float64), y.astype(np.float64)
 
 
 def client(cls, **overrides):

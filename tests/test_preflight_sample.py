@@ -17,7 +17,7 @@ from flwr.common import parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 
 from app.registry import METHODS
-from app.server_app import initial_parameters
+from app.server_app import build_strategy
 from bench.inprocess import InProcessProxy
 from clients.models import build_model
 from datasets import load_client_data
@@ -39,7 +39,7 @@ def run(method: str, sample: int, **overrides) -> tuple[list[np.ndarray], list[f
                                         num_partitions=NODES,
                                         reload=lambda p, spec=spec, split=split: load_client_data(spec, split, p))
         manager.register(InProcessProxy(str(100 + NODES - 1 - partition), client))  # sorted ids: partitions reversed
-    strategy = METHODS[method].strategy(settings=run_settings, initial_parameters=initial_parameters(run_settings))
+    strategy = build_strategy(run_settings)
     parameters = strategy.initialize_parameters(manager)
     losses = []
     for server_round in range(1, ROUNDS + 1):

@@ -60,6 +60,11 @@ def test_every_method_runs_its_example_and_records_every_round(finished_runs, na
         assert record["clients-succeeded"] == record["clients-sampled"] >= 1
         assert {f"hp-{k}" for k in contract.broadcast_keys()} <= set(record), "a broadcast value is not recorded"
         assert record["eval-clients"] == CLIENTS and record["train-loss"] >= 0
+        for metric in contract.metrics:  # every metric the method declares reaches the records, as declared
+            for statistic, key in metric.record_keys().items():
+                assert key in record, f"{name} declares {metric.name!r}; its {statistic} {key!r} is not recorded"
+                assert isinstance(record[key], float) or statistic == "sum", (key, record[key])
+        assert record["fit-bytes-sent"] > 0 and record["fit-bytes-received"] > 0 and record["eval-bytes-sent"] > 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds"] == ROUNDS and summary["settings"]["strategy"] == name
     assert (run_dir / "accuracy.png").stat().st_size > 1000

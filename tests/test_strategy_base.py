@@ -337,3 +337,38 @@ def test_the_preflight_asks_every_node_behind_a_grid_in_one_push_and_reads_failu
     assert grid.calls == [6]  # one push of six messages, not six waits
     assert [a["partition-id"] for i, a in enumerate(answers) if i != 3] == [0, 1, 2, 4, 5]
     assert isinstance(answers[3], ValueError) and "client 103 crashed" in str(answers[3])
+
+
+def test_every_declared_metric_is_summarised_as_declared_and_floats_are_never_truncated():
+    from strategies.contracts.contract import Contract, Metric
+    from strategies.contracts.ditto import CONTRACT as DITTO
+    from strategies.contracts.fedavg import FedAvgSettings
+    from strategies.records import fit_summary
+    from strategies.screening import Reply
+
+    specs = [*FIT_METRICS, *DITTO.metrics, Metric("norm", "a float", 0.0, summary=("mean", "min", "max", "sum"))]
+    replies = [Reply("a", 0, [], 10, {"train-loss": 0.5, "grad-evals": 4, "ditto-personal-loss": 0.25,
+                                      "ditto-personal-rounds": 1, "norm": 0.7}),
+               Reply("b", 1, [], 30, {"train-loss": 1.5, "grad-evals": 6, "ditto-personal-loss": 0.75,
+                                      "ditto-personal-rounds": 2, "norm": 0.1})]  # fmt: skip
+    out = fit_summary(replies, specs)
+    assert out["examples"] == 40 and out["train-loss"] == pytest.approx((0.5 * 10 + 1.5 * 30) / 40)
+    assert out["grad-evals"] == 10 and type(out["grad-evals"]) is int and out["hvp-evals"] == 0
+    assert out["ditto-personal-loss"] == pytest.approx(0.625) and type(out["ditto-personal-loss"]) is float
+    assert out["ditto-personal-rounds"] == 3
+    assert (out["norm-min"], out["norm-max"]) == (0.1, 0.7) and out["norm-sum"] == pytest.approx(0.8)
+    assert "partition-id" not in out  # declared as identification only (summary ())
+    with pytest.raises(ValueError, match="summary .* must be distinct ones of"):
+        Metric("x", "", summary=("median",))
+    with pytest.raises(ValueError, match="declare no summary"):
+        Contract(name="fedavg", summary="", settings=FedAvgSettings, uses=(), metrics=(Metric("x", "", summary=()),))
+
+
+def test_the_global_model_is_summarised_only_where_the_replies_test_one():
+    strategy, manager, proxies, _ = make_strategy()
+    strategy.configure_fit(2, strategy.global_parameters, manager)
+    replies = [(p, EvaluateRes(OK, 0.2, 10, {"accuracy": 0.9})) for p in proxies[:2]]  # clients with personal layers
+    _, metrics = strategy.aggregate_evaluate(2, replies, [])
+    assert metrics["accuracy"] == pytest.approx(0.9) and "global-accuracy" not in metrics
+    strategy.record.update({"round-seconds": 0.1})
+    assert "global acc" not in progress_line(strategy.record, 3)

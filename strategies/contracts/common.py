@@ -56,13 +56,13 @@ SMALL_BATCH = "small-batch"  # 1 when a batch size exceeded the client's trainin
 
 FIT_METRICS = (
     Metric(TRAIN_LOSS, "mean training loss over the local steps", 0.0, MAX_REASONABLE_LOSS),
-    Metric(LOCAL_STEPS, "local steps taken", 0.0, total="client-steps"),
-    Metric(GRAD_EVALS, "mini-batch gradient evaluations", 0.0, total=GRAD_EVALS),
-    Metric(HVP_EVALS, "Hessian-vector products", 0.0, total=HVP_EVALS),
-    Metric(SAMPLE_GRADS, "per-example gradients", 0.0, total=SAMPLE_GRADS),
+    Metric(LOCAL_STEPS, "local steps taken", 0.0, summary=("sum",), record_as="client-steps"),
+    Metric(GRAD_EVALS, "mini-batch gradient evaluations", 0.0, summary=("sum",)),
+    Metric(HVP_EVALS, "Hessian-vector products", 0.0, summary=("sum",)),
+    Metric(SAMPLE_GRADS, "per-example gradients", 0.0, summary=("sum",)),
     Metric(SMALL_BATCH, "1 if a batch size exceeded the training set and min(b, n) examples were used", 0.0, 1.0,
-           total="clients-small-batch"),
-    Metric(PARTITION_ID, "the client's partition", 0.0),
+           summary=("sum",), record_as="clients-small-batch"),
+    Metric(PARTITION_ID, "the client's partition (the record lists them as fit-partitions)", 0.0, summary=()),
 )
 EVALUATE_METRICS = (
     Metric(ACCURACY, "personalised test accuracy (after adaptation)", 0.0, 1.0),

@@ -7,19 +7,24 @@ code, and the server without torch's training code.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from strategies.contracts.keys import INF, KeyedSettings
+from strategies.contracts.payload import ArraySet
+from strategies.contracts.personal import PersonalArrays
 
 if TYPE_CHECKING:
     from strategies.contracts.common import Settings
 
 
+SUMMARIES = ("mean", "sum", "min", "max")
+
+
 @dataclass(frozen=True)
 class Metric:
-    """A scalar that clients report, and what the server accepts for it.
+    """A scalar that clients report, what the server accepts for it, and how a round's record summarises it.
 
     Attributes
     ----------
@@ -32,9 +37,14 @@ class Metric:
         finite, gets the whole reply rejected.
     required
         A fit reply without this metric is rejected.
-    total
-        The round record key that holds the sum over the round's accepted replies
-        (``""``: not summed).
+    summary
+        The statistics of the round's accepted replies its record keeps, among
+        ``mean`` (weighted by the replies' example counts), ``sum``, ``min`` and ``max``;
+        ``()`` keeps none (a metric that only identifies the reply). A sum of integers
+        stays an integer; anything else is a float, never truncated.
+    record_as
+        The record key (default: the name). With one statistic it is the key itself,
+        with several each gets ``<key>-<statistic>``.
 
     """
 
@@ -43,7 +53,18 @@ class Metric:
     low: float = -INF
     high: float = INF
     required: bool = False
-    total: str = ""
+    summary: tuple[str, ...] = ("mean",)
+    record_as: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.summary if s not in SUMMARIES]
+        if unknown or len(set(self.summary)) != len(self.summary):
+            raise ValueError(f"metric {self.name!r}: summary {self.summary} must be distinct ones of {SUMMARIES}")
+
+    def record_keys(self) -> dict[str, str]:
+        """Statistic -> the round record's key for it."""
+        key = self.record_as or self.name
+        return {s: key if len(self.summary) == 1 else f"{key}-{s}" for s in self.summary}
 
     def problem(self, value: object) -> str | None:
         """Why ``value`` is not acceptable for this metric, or ``None``."""
@@ -68,6 +89,13 @@ class MethodSettings(KeyedSettings):
 
     def check_on_server(self) -> None:
         """Checks only the server can make, before any client works (files it alone reads); raise ``ConfigError``."""
+
+    def check_model(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """Rules between this method's keys and the run's model: its arrays by name -> shape; raise ``ConfigError``.
+
+        The server runs it before the run's folder exists, and ``python -m app.config``
+        before a run is submitted, on the model built from the run's settings.
+        """
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,6 +152,15 @@ class Contract:
         Which of its settings an online tuner may move; ``None``: it cannot be tuned.
     step_sizes
         Its step-size keys, named when a run diverges; by default the tunable ones, else ``lr``.
+    sends
+        Array sets the server sends beside the model (SCAFFOLD's ``control``), each in the
+        instructions its ``purposes`` name; the strategy's ``payload_for`` builds them.
+    returns
+        Array sets every fit reply carries beside the model (SCAFFOLD's ``delta-control``);
+        the client's ``local_train`` returns them in its report, the strategy's ``combine``
+        finds them in ``reply.extras``.
+    personal
+        Which of the model's arrays stay on the clients (FedRep's head); ``None``: all are shared.
 
     """
 
@@ -135,10 +172,21 @@ class Contract:
     example: Mapping[str, object] = field(default_factory=dict)
     tunable: Tunable | None = None
     step_sizes: tuple[str, ...] = ()
+    sends: tuple[ArraySet, ...] = ()
+    returns: tuple[ArraySet, ...] = ()
+    personal: PersonalArrays | None = None
 
     def __post_init__(self) -> None:
         if self.settings.prefix != self.name:
             raise ValueError(f"{self.settings.__name__}.prefix is {self.settings.prefix!r}, not {self.name!r}")
+        for what, sets in (("sends", self.sends), ("returns", self.returns)):
+            names = [s.name for s in sets]
+            if len(set(names)) != len(names):
+                raise ValueError(f"contract {self.name!r} {what} two array sets of one name: {names}")
+        unrecorded = [m.name for m in self.metrics if not m.summary]
+        if unrecorded:
+            raise ValueError(f"contract {self.name!r}: metrics {unrecorded} declare no summary; every metric a method "
+                             "declares is recorded")  # fmt: skip
 
     def step_keys(self) -> tuple[str, ...]:
         """The run-config keys of its step sizes: the likeliest cause of a run that diverges."""
@@ -151,3 +199,15 @@ class Contract:
     def broadcast_keys(self) -> tuple[str, ...]:
         """The method's own keys its clients read (every key that is not server-only)."""
         return tuple(spec.name for spec in self.settings.key_specs() if not spec.server_only)
+
+    def sent_sets(self, purpose: str) -> tuple[str, ...]:
+        """The names of the array sets the server sends with ``purpose`` (``fit`` or ``evaluate``) instructions."""
+        return tuple(s.name for s in self.sends if purpose in s.purposes)
+
+    def returned_sets(self) -> tuple[str, ...]:
+        """The names of the array sets every fit reply carries beside the model."""
+        return tuple(s.name for s in self.returns)
+
+    def personal_arrays(self, method: MethodSettings, names: Sequence[str]) -> tuple[str, ...]:
+        """The model's arrays (``state_dict`` names) that stay on the clients; none unless ``personal`` is set."""
+        return () if self.personal is None else self.personal.select(method.values(), names)

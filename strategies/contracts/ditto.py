@@ -40,7 +40,7 @@ CONTRACT = Contract(
     step_sizes=("lr", "ditto-personal-lr"),
     metrics=(
         Metric(PERSONAL_LOSS, "mean training loss of the personal model's steps", 0.0),
-        Metric(PERSONAL_ROUNDS, "times this client has updated its personal model", 1.0, total=PERSONAL_ROUNDS),
+        Metric(PERSONAL_ROUNDS, "times this client has updated its personal model", 1.0, summary=("sum",)),
     ),
     example={"strategy": "ditto", "ditto-lambda": 0.5, "fraction-fit": 1.0},
 )

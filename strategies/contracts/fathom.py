@@ -99,10 +99,12 @@ CONTRACT = Contract(
     uses=("lr", "local-epochs", "batch-size"),
     metrics=(
         Metric(PHI, "smallest cosine between a local step's gradient and the displacement so far", -1.0, 1.0,
-               required=True),
-        Metric(USED_BATCH, "the batch size the client used", 1.0),
-        Metric("lr", "the learning rate the client used", 0.0),
-        Metric("local-epochs", "the epochs the client was sent", 0.0),
+               required=True, summary=("min", "max")),
+        Metric(USED_BATCH, "the batch size the client used", 1.0, summary=("min", "max")),
+        # what the clients say they received: the record shows the broadcast arriving
+        Metric("lr", "the learning rate the client used", 0.0, summary=("min", "max"), record_as="client-lr"),
+        Metric("local-epochs", "the epochs the client was sent", 0.0, summary=("min", "max"),
+               record_as="client-local-epochs"),
     ),
     example={"strategy": "fathom", "local-epochs": 1.0, "batch-size": 8},
     tunable=Tunable(step="lr", work=("local-epochs",)),

@@ -1,0 +1,114 @@
+"""What a message carries besides the model: named array sets, packed into Flower's one list of arrays.
+
+Flower's legacy messages hold one list of arrays (``Parameters``) and a dict of scalars. A
+method whose messages carry more than the model declares named array sets in its
+contract (:class:`ArraySet`: SCAFFOLD sends ``control`` and its clients return
+``delta-control``). The base strategy and client pack the model and those sets into the
+one list, model first, and name the layout in the same message, under ``payload``: in
+the config (server to client) and in the metrics (client to server), as
+``"model:6 control:6"``. The receiver unpacks by that layout, never by position alone,
+so a reply that lacks a set, or has one of the wrong length, is named as such.
+
+Pure Python and numpy: the strategy and the client both import it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+MODEL = "model"  # the arrays of the model that travel: all of them, or the shared ones of a method with personal layers
+LAYOUT = "payload"  # the config / metrics key that names a message's layout
+PURPOSES = ("fit", "evaluate")
+_NAME = re.compile(r"[a-z][a-z0-9-]*")
+
+
+class PayloadError(ValueError):
+    """A message whose arrays do not match the layout it names."""
+
+
+@dataclass(frozen=True)
+class ArraySet:
+    """A named list of arrays a message carries beside the model.
+
+    Attributes
+    ----------
+    name
+        Its name in the layout (kebab-case, not ``model``).
+    doc
+        One line: what it holds.
+    purposes
+        For a set the server sends: which instructions carry it (``fit``, ``evaluate``).
+        Ignored for a set the clients return (only fit replies carry arrays).
+
+    The base strategy screens a returned set by the shapes of the model's arrays that
+    travel (a strategy whose set is shaped otherwise overrides ``payload_shapes``) and
+    by finiteness, like the model itself.
+
+    """
+
+    name: str
+    doc: str
+    purposes: tuple[str, ...] = ("fit",)
+
+    def __post_init__(self) -> None:
+        if self.name == MODEL or not _NAME.fullmatch(self.name):
+            raise ValueError(f"array set name {self.name!r} must be kebab-case and not {MODEL!r}")
+        if not self.purposes or set(self.purposes) - set(PURPOSES):
+            raise ValueError(f"array set {self.name!r}: purposes {self.purposes} must be among {PURPOSES}")
+
+
+def layout_of(sets: Mapping[str, Sequence[np.ndarray]]) -> str:
+    """``{"model": [6 arrays], "control": [6 arrays]}`` -> ``"model:6 control:6"``."""
+    return " ".join(f"{name}:{len(arrays)}" for name, arrays in sets.items())
+
+
+def pack(sets: Mapping[str, Sequence[np.ndarray]]) -> tuple[list[np.ndarray], str]:
+    """Every set's arrays in one list, in the mapping's order, and the layout naming them."""
+    return [array for arrays in sets.values() for array in arrays], layout_of(sets)
+
+
+def parse_layout(text: str) -> list[tuple[str, int]]:
+    """``"model:6 control:6"`` -> ``[("model", 6), ("control", 6)]``.
+
+    Raises
+    ------
+    PayloadError
+        If the text is not ``name:count`` pairs with distinct names.
+
+    """
+    pairs = []
+    for part in str(text).split():
+        name, _, count = part.partition(":")
+        if not _NAME.fullmatch(name) or not count.isdigit():
+            raise PayloadError(f"payload layout {text!r} is not 'name:count ...'")
+        pairs.append((name, int(count)))
+    names = [name for name, _ in pairs]
+    if len(set(names)) != len(names):
+        raise PayloadError(f"payload layout {text!r} names a set twice")
+    return pairs
+
+
+def unpack(arrays: Sequence[np.ndarray], layout: object) -> dict[str, list[np.ndarray]]:
+    """The named sets ``arrays`` holds by ``layout``; no layout means the whole list is the model.
+
+    Raises
+    ------
+    PayloadError
+        If the layout's counts do not add up to the arrays received.
+
+    """
+    if layout is None or layout == "":
+        return {MODEL: list(arrays)}
+    pairs = parse_layout(str(layout))
+    if sum(count for _, count in pairs) != len(arrays):
+        raise PayloadError(f"payload layout {layout!r} names {sum(c for _, c in pairs)} arrays, the message holds "
+                           f"{len(arrays)}")  # fmt: skip
+    sets, start = {}, 0
+    for name, count in pairs:
+        sets[name] = list(arrays[start : start + count])
+        start += count
+    return sets

@@ -1,0 +1,172 @@
+"""Shared and personal arrays: a rule over the model's names, only the shared ones travel, the rest stay at home.
+
+A toy method keeps the MLP's last ``toyp-personal-layers`` layers on its clients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import numpy as np
+import pytest
+import torch
+from conftest import OK, FakeProxy, settings
+from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_manager import SimpleClientManager
+
+from app.config import check_model, parse_settings
+from app.registry import CONTRACTS
+from clients.base import PERSONAL_LAYERS, TorchClient
+from clients.models import build_model
+from clients.training import train_steps
+from datasets import ClientData
+from strategies.base import FederatedStrategy
+from strategies.contracts.contract import Contract, MethodSettings
+from strategies.contracts.keys import ConfigError, key
+from strategies.contracts.personal import LastLayers, layers_of
+
+MLP_NAMES = ["layers.1.weight", "layers.1.bias", "layers.3.weight", "layers.3.bias", "layers.5.weight", "layers.5.bias"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ToyPersonalSettings(MethodSettings):
+    prefix: ClassVar[str] = "toyp"
+
+    personal_layers: int = key(1, "the model's last layers kept on the client", at_least=1)
+
+
+TOYP = Contract(name="toyp", summary="keeps the head at home", settings=ToyPersonalSettings,
+                uses=("lr", "local-steps", "batch-size"), personal=LastLayers("toyp-personal-layers"))  # fmt: skip
+
+
+class ToyPersonal(FederatedStrategy):
+    contract = TOYP
+
+
+class ToyPersonalClient(TorchClient):
+    contract = TOYP
+
+    def local_train(self, training, method, rng):
+        return self.local_sgd(training, rng)
+
+
+def toy_settings(**config):
+    base = settings(strategy="fedavg", model="mlp", lr=0.5, local_steps=3, batch_size=8, fraction_fit=1.0,
+                    min_fit_clients=1, min_available_clients=1, preflight=False, device="cpu",
+                    adapt_steps=0)  # fmt: skip
+    return dataclasses.replace(base, method=ToyPersonalSettings(**config))
+
+
+def mlp():
+    return build_model("mlp", input_shape=(2,), num_classes=2, seed=0)
+
+
+def toy_client(state=None, partition=0):
+    rng = np.random.default_rng(partition)
+    x = rng.normal(size=(40, 2)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    data = ClientData(x, y, x[:10], y[:10], num_classes=2)
+    client = ToyPersonalClient(model=mlp(), data=data, settings=toy_settings(), partition_id=partition)
+    if state is not None:
+        client.state = state
+    return client
+
+
+def test_the_rule_picks_the_last_layers_by_name_and_keeps_one_shared():
+    assert list(layers_of(MLP_NAMES)) == ["layers.1", "layers.3", "layers.5"]
+    rule = LastLayers("toyp-personal-layers")
+    assert rule.select({"toyp-personal-layers": 1}, MLP_NAMES) == ("layers.5.weight", "layers.5.bias")
+    assert rule.select({"toyp-personal-layers": 2}, MLP_NAMES) == tuple(MLP_NAMES[2:])
+    with pytest.raises(ConfigError, match=r"'toyp-personal-layers': 3 is outside \[1, 2\] for this model, whose "
+                                          r"layers are \['layers.1', 'layers.3', 'layers.5'\]"):  # fmt: skip
+        rule.select({"toyp-personal-layers": 3}, MLP_NAMES)
+    assert list(mlp().state_dict()) == MLP_NAMES
+
+
+def test_the_settings_are_checked_against_the_model_before_any_folder_exists():
+    contracts = {**CONTRACTS, "toyp": TOYP}
+    ok = parse_settings({"strategy": "toyp", "toyp-personal-layers": 2}, contracts)
+    check_model(ok, contracts)
+    too_many = parse_settings({"strategy": "toyp", "toyp-personal-layers": 3}, contracts)
+    with pytest.raises(ConfigError, match="'toyp-personal-layers': 3 is outside"):
+        check_model(too_many, contracts)
+    with pytest.raises(ConfigError, match="'central-eval': toyp keeps the model's last 1 layer"):
+        parse_settings({"strategy": "toyp", "central-eval": True}, contracts)
+
+
+def test_a_method_may_check_its_keys_against_the_models_shapes():
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Wide(MethodSettings):
+        prefix: ClassVar[str] = "wide"
+
+        def check_model(self, shapes):
+            if shapes["layers.1.weight"][0] < 100:
+                raise ConfigError(f"run config key 'model': wide needs 100 hidden units, has {shapes}")
+
+    contracts = {**CONTRACTS, "wide": Contract(name="wide", summary="", settings=Wide, uses=())}
+    with pytest.raises(ConfigError, match="wide needs 100 hidden units"):
+        check_model(parse_settings({"strategy": "wide"}, contracts), contracts)
+
+
+def test_the_server_sends_and_averages_the_shared_arrays_and_keeps_the_rest():
+    start = [v.detach().numpy() for v in mlp().state_dict().values()]
+    with pytest.raises(TypeError, match="needs the model's array names"):
+        ToyPersonal(settings=toy_settings(), initial_parameters=ndarrays_to_parameters(start))
+    strategy = ToyPersonal(settings=toy_settings(), initial_parameters=ndarrays_to_parameters(start),
+                           array_names=MLP_NAMES)  # fmt: skip
+    manager = SimpleClientManager()
+    proxies = [FakeProxy(str(i)) for i in range(2)]
+    for proxy in proxies:
+        manager.register(proxy)
+    strategy.initialize_parameters(manager)
+    fits = strategy.configure_fit(1, strategy.global_parameters, manager)
+    results = []
+    for proxy, ins in fits:
+        sent = parameters_to_ndarrays(ins.parameters)
+        assert ins.config["payload"] == "model:4" and [a.shape for a in sent] == [a.shape for a in start[:4]]
+        arrays, n, metrics = toy_client(partition=proxy.partition).fit(sent, ins.config)
+        assert metrics["payload"] == "model:4" and len(arrays) == 4  # the head never leaves the client
+        results.append((proxy, FitRes(OK, ndarrays_to_parameters(arrays), n, metrics)))
+    replied = [parameters_to_ndarrays(res.parameters) for _, res in results]
+    strategy.aggregate_fit(1, results, [])
+    for i in range(4):
+        np.testing.assert_allclose(strategy.global_model[i], (replied[0][i] + replied[1][i]) / 2, rtol=1e-6)
+    for i in (4, 5):  # the server's head is the initial one: nobody sent another
+        np.testing.assert_array_equal(strategy.global_model[i], start[i])
+    assert len(strategy.checkpoint(1).arrays) == 6
+
+
+def test_the_client_keeps_its_head_across_messages_and_tests_it_with_the_body_it_receives():
+    client = toy_client()
+    initial = client.get_parameters({})
+    body = initial[:4]
+    reply, _, _ = client.fit(body, {"server-round": 1, "payload": "model:4"})
+    head = client.state.arrays(PERSONAL_LAYERS)
+    assert len(reply) == 4 and len(head) == 2
+    assert not np.allclose(head[0], initial[4])  # trained, and kept
+    # the next message, in a fresh client object with the same Context.state: the kept head, the new body
+    later = toy_client(state=client.state)
+    new_body = [a + 0.01 for a in body]
+    later.receive(new_body, {"payload": "model:4"}, "evaluate")
+    merged = later.get_parameters({})
+    for got, want in zip(merged, [*new_body, *head], strict=True):
+        np.testing.assert_array_equal(got, want)
+    loss, n, metrics = toy_client(state=client.state).evaluate(new_body, {"server-round": 2, "payload": "model:4"})
+    assert "global-accuracy" not in metrics and "global-loss" not in metrics and 0 <= metrics["accuracy"] <= 1
+
+
+def test_training_a_named_subset_moves_it_alone_by_the_gradient_of_the_loss():
+    model = build_model("logreg", input_shape=(2,), num_classes=2, seed=0)
+    x = torch.tensor([[1.0, 2.0], [-1.0, 0.5]])
+    y = torch.tensor([0, 1])
+    weight, bias = (p.detach().clone() for p in model.parameters())
+    logits = x @ weight.T + bias
+    # d/dW of the mean cross-entropy: (softmax - onehot)^T x / n
+    grad = (torch.softmax(logits, dim=1) - torch.nn.functional.one_hot(y, 2).float()).T @ x / 2
+    report = train_steps(model, [(x, y)], 0.3, trainable=["layers.1.weight"])
+    assert report.steps == 1
+    torch.testing.assert_close(model.layers[1].weight.detach(), weight - 0.3 * grad)
+    torch.testing.assert_close(model.layers[1].bias.detach(), bias, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"trainable names \['head'\]"):
+        train_steps(model, [(x, y)], 0.3, trainable=["head"])

@@ -1,0 +1,40 @@
+"""Every registered method is built from hooks: none overrides the base classes' Flower-facing methods."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.registry import METHODS
+from clients.base import TorchClient
+from strategies.base import FederatedStrategy
+
+# what Flower calls, and the base's own screening and message building around it
+STRATEGY_METHODS = ("initialize_parameters", "configure_fit", "aggregate_fit", "configure_evaluate",
+                    "aggregate_evaluate", "evaluate", "screen_fit", "screen_update_norms", "sent_to",
+                    "end_round")  # fmt: skip
+CLIENT_METHODS = ("fit", "evaluate", "get_parameters", "set_parameters", "get_properties", "receive",
+                  "evaluation_reply")  # fmt: skip
+
+
+def overridden(cls: type, base: type, names: tuple[str, ...]) -> list[str]:
+    """The ``names`` that ``cls`` or a class between it and ``base`` defines anew."""
+    between = cls.__mro__[: cls.__mro__.index(base)]
+    return sorted({name for klass in between for name in vars(klass) if name in names})
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_no_method_overrides_the_flower_facing_methods_of_the_base_classes(name):
+    method = METHODS[name]
+    assert overridden(method.strategy, FederatedStrategy, STRATEGY_METHODS) == [], f"{name}'s strategy"
+    assert overridden(method.client, TorchClient, CLIENT_METHODS) == [], f"{name}'s client"
+
+
+def test_the_check_sees_an_override_through_an_intermediate_class():
+    class Middle(TorchClient):
+        def set_parameters(self, parameters):
+            pass
+
+    class Leaf(Middle):
+        pass
+
+    assert overridden(Leaf, TorchClient, CLIENT_METHODS) == ["set_parameters"]
