@@ -11,6 +11,7 @@ from clients.fathom import FathomClient
 from clients.fedavg import FedAvgClient
 from clients.fedprox import FedProxClient
 from clients.perfedavg import PerFedAvgClient
+from clients.scaffold import ScaffoldClient
 from strategies.base import FederatedStrategy
 from strategies.contracts.contract import Contract
 from strategies.diffusion import Diffusion
@@ -19,6 +20,7 @@ from strategies.fathom import Fathom
 from strategies.fedavg import FedAvg
 from strategies.fedprox import FedProx
 from strategies.perfedavg import PerFedAvg
+from strategies.scaffold import Scaffold
 
 
 @dataclass(frozen=True)
@@ -55,5 +57,6 @@ METHODS = by_name(
     Method(Diffusion, DiffusionClient),
     Method(FedProx, FedProxClient),
     Method(Ditto, DittoClient),
+    Method(Scaffold, ScaffoldClient),
 )
 CONTRACTS = {name: method.contract for name, method in METHODS.items()}

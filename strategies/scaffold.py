@@ -1,0 +1,55 @@
+"""The SCAFFOLD strategy: the global model and a control variate ``c``, sent together, updated together."""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.common import Scalar
+
+from strategies.base import FederatedStrategy
+from strategies.contracts.scaffold import CONTRACT, CONTROL, DELTA_CONTROL
+from strategies.screening import Reply
+
+
+class Scaffold(FederatedStrategy):
+    """SCAFFOLD (Karimireddy et al., ICML 2020), Algorithm 1 with option II, on Flower.
+
+    The server keeps the control variate ``c`` (zero at first, shaped like the model) and
+    sends it beside the model with every fit instruction (``control``; evaluations get the
+    model alone). From the accepted replies ``S`` (``clients.scaffold.ScaffoldClient``)
+    it sets ``x <- x + eta_g (avg(y) - x)``, ``avg`` being the shared averaging
+    (``aggregation``; uniform by default, as in the paper), and
+    ``c <- c + |S| / N mean_S(delta-control)``, ``N`` being the partitions connected this
+    round. A reply without its ``delta-control``, or with a bad one, is rejected by the
+    base's screening. The record adds ``scaffold-control-norm`` (``||c||``); checkpoints keep ``c``.
+    """
+
+    contract = CONTRACT
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.control = [np.zeros_like(a) for a in self.global_shared]
+
+    def payload_for(self, partition: int, purpose: str) -> dict[str, list[np.ndarray]]:
+        return {CONTROL: self.control} if purpose == "fit" else {}
+
+    def combine(self, server_round: int, replies: list[Reply]) -> tuple[list[np.ndarray] | None, dict[str, Scalar]]:
+        if not replies:
+            return None, {}
+        share = len(replies) / max(len(self.connected_partitions), len(replies))  # |S| / N
+        deltas = [reply.extras[DELTA_CONTROL] for reply in replies]
+        self.control = [c + share * np.mean(layer, axis=0, dtype=np.float64).astype(c.dtype)
+                        for c, layer in zip(self.control, zip(*deltas, strict=True), strict=True)]  # fmt: skip
+        previous = self.global_shared
+        averaged, extra = super().combine(server_round, replies)
+        eta = self.method.server_lr
+        if eta != 1.0:  # x + eta (avg - x); eta = 1 keeps the average itself, bit for bit
+            averaged = [x + eta * (a - x) for x, a in zip(previous, averaged, strict=True)]
+        norm = float(np.sqrt(sum(float(np.vdot(c, c)) for c in self.control)))
+        return averaged, {**extra, "scaffold-control-norm": norm}
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """The control variate ``c``."""
+        return {f"scaffold/control/{i}": c.copy() for i, c in enumerate(self.control)}, {}
+
+    def restore(self, arrays: dict[str, np.ndarray], state: dict) -> None:
+        self.control = [arrays[f"scaffold/control/{i}"] for i in range(len(self.control))]

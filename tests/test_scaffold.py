@@ -1,0 +1,143 @@
+"""SCAFFOLD: one client's step and control update by hand, the server's update, FedAvg's first round, bad replies."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from conftest import OK, regression_data, settings
+from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
+
+from app.server_app import build_strategy
+from bench.inprocess import InProcessRun
+from clients.models import build_model
+from clients.scaffold import CLIENT_CONTROL, ScaffoldClient
+from clients.state import ClientState
+from strategies.checkpoint import Checkpoint
+from strategies.contracts.payload import pack, unpack
+
+N, D = 16, 3
+
+
+def client(state=None, **overrides):
+    data, _, _ = regression_data()
+    config = {"strategy": "scaffold", "dataset": "least-squares", "partitioner": "natural", "model": "linear",
+              "lr": 0.1, "batch_size": N, "device": "cpu", **overrides}  # fmt: skip
+    return ScaffoldClient(model=build_model("linear", input_shape=(D,), num_classes=0), data=data,
+                          settings=settings(**config), partition_id=0, state=state)  # fmt: skip
+
+
+def gradient(w, x, y):
+    return x.T @ (x @ w - y) / N  # of mean(0.5 (x w - y)^2)
+
+
+def test_two_corrected_steps_and_the_control_update_match_a_hand_computation():
+    lr, steps = 0.1, 2
+    start = np.array([0.2, 0.4, -0.3])
+    control = np.array([0.05, -0.1, 0.2])  # c, from the server
+    client_control = np.array([-0.02, 0.03, 0.01])  # c_i, kept from an earlier round
+    state = ClientState(owner="scaffold")
+    state.set_arrays(CLIENT_CONTROL, [client_control.astype(np.float32).reshape(1, D)])
+    arrays, layout = pack({"model": [start.astype(np.float32).reshape(1, D)],
+                           "control": [control.astype(np.float32).reshape(1, D)]})  # fmt: skip
+    reply, _, metrics = client(state, local_steps=steps).fit(arrays, {"server-round": 1, "payload": layout})
+    sets = unpack(reply, metrics["payload"])
+    _, x, y = regression_data()
+    w = start
+    for _ in range(steps):  # y <- y - lr (g(y) - c_i + c)
+        w = w - lr * (gradient(w, x, y) - client_control + control)
+    np.testing.assert_allclose(sets["model"][0].ravel(), w, rtol=1e-5, atol=1e-6)
+    updated = client_control - control + (start - w) / (steps * lr)  # option II
+    np.testing.assert_allclose(sets["delta-control"][0].ravel(), updated - client_control, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(state.arrays(CLIENT_CONTROL)[0].ravel(), updated, rtol=1e-4, atol=1e-6)
+    assert metrics["scaffold-correction-norm"] == pytest.approx(np.linalg.norm(control - client_control), rel=1e-5)
+
+
+def test_one_step_from_zero_controls_sets_c_i_to_the_gradient():
+    start = np.array([0.2, 0.4, -0.3], dtype=np.float32).reshape(1, D)
+    state = ClientState(owner="scaffold")
+    arrays, layout = pack({"model": [start], "control": [np.zeros((1, D), np.float32)]})
+    client(state, local_steps=1).fit(arrays, {"server-round": 1, "payload": layout})
+    _, x, y = regression_data()
+    # K = 1: c_i+ = 0 - 0 + (x - (x - lr g)) / lr = g(x)
+    np.testing.assert_allclose(state.arrays(CLIENT_CONTROL)[0].ravel(), gradient(start.ravel(), x, y), rtol=1e-4)
+
+
+def run_config(strategy, **overrides):
+    return {"strategy": strategy, "num-server-rounds": 3, "fraction-fit": 0.5, "local-steps": 5, "preflight": False,
+            "min-available-clients": 4, **overrides}  # fmt: skip
+
+
+def test_with_zero_controls_the_first_round_is_fedavgs_bit_for_bit():
+    models = {}
+    for strategy in ("fedavg", "scaffold"):
+        run = InProcessRun(run_config=run_config(strategy), num_clients=4)
+        run.step()
+        models[strategy] = run.strategy.global_model
+    for a, b in zip(models["fedavg"], models["scaffold"], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_server_moves_x_by_eta_g_and_c_by_the_sampled_share_of_the_mean_delta():
+    run = InProcessRun(run_config=run_config("scaffold", **{"scaffold-server-lr": 0.5}), num_clients=4)
+    strategy = run.strategy
+    before = [a.copy() for a in strategy.global_model]
+    control = [c.copy() for c in strategy.control]
+    instructions = strategy.configure_fit(1, run.parameters, run.manager)
+    arrays = len(before)
+    assert all(ins.config["payload"] == f"model:{arrays} control:{arrays}" for _, ins in instructions)
+    results = [(proxy, proxy.fit(ins, None, None)) for proxy, ins in instructions]
+    replies = [unpack(parameters_to_ndarrays(res.parameters), res.metrics["payload"]) for _, res in results]
+    strategy.aggregate_fit(1, results, [])
+    for i in range(arrays):
+        mean_y = np.mean([r["model"][i].astype(np.float64) for r in replies], axis=0)
+        mean_dc = np.mean([r["delta-control"][i].astype(np.float64) for r in replies], axis=0)
+        moved = before[i] + 0.5 * (mean_y - before[i])  # x + eta_g (mean(y) - x)
+        np.testing.assert_allclose(strategy.global_model[i], moved, rtol=1e-5, atol=1e-8)
+        np.testing.assert_allclose(strategy.control[i], control[i] + len(replies) / 4 * mean_dc, rtol=1e-5,
+                                   atol=1e-7)  # fmt: skip
+    assert len(replies) == 2 and strategy.record["scaffold-control-norm"] > 0
+    evaluations = strategy.configure_evaluate(10, run.parameters, run.manager)
+    assert all(ins.config["payload"] == f"model:{arrays}" for _, ins in evaluations)  # c goes with fits only
+
+
+def test_a_reply_without_a_good_delta_control_is_rejected_naming_it_and_the_run_goes_on(caplog):
+    run = InProcessRun(run_config=run_config("scaffold", **{"fraction-fit": 1.0}), num_clients=4)
+    strategy = run.strategy
+    instructions = strategy.configure_fit(1, run.parameters, run.manager)
+    results = [(proxy, proxy.fit(ins, None, None)) for proxy, ins in instructions]
+    def without(sets):
+        return {"model": sets["model"]}
+
+    def misshapen(sets):
+        return {**sets, "delta-control": [np.zeros(3, np.float32), *sets["delta-control"][1:]]}
+
+    def with_nan(sets):
+        return {**sets, "delta-control": [np.full_like(sets["delta-control"][0], np.nan), *sets["delta-control"][1:]]}
+
+    tampered = {1: without, 2: misshapen, 3: with_nan}
+    for partition, change in tampered.items():
+        proxy, res = results[partition]
+        arrays, layout = pack(change(unpack(parameters_to_ndarrays(res.parameters), res.metrics["payload"])))
+        results[partition] = (proxy, FitRes(OK, ndarrays_to_parameters(arrays), res.num_examples,
+                                            {**res.metrics, "payload": layout}))  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        parameters, _ = strategy.aggregate_fit(1, results, [])
+    assert parameters is not None and strategy.record["clients-succeeded"] == 1  # partition 0's reply was used
+    lines = [r.getMessage() for r in caplog.records if "rejected fit reply" in r.getMessage()]
+    for partition, problem in ((1, "is missing"), (2, "shape"), (3, "non-finite")):
+        assert any(f"partition {partition} " in line and "scaffold array set 'delta-control'" in line
+                   and problem in line for line in lines), lines  # fmt: skip
+
+
+def test_the_control_variate_is_checkpointed_and_restored():
+    run_settings = settings(strategy="scaffold", model="logreg")
+    strategy = build_strategy(run_settings)
+    strategy.control = [np.full_like(c, 0.25) for c in strategy.control]
+    arrays, state = strategy.state()
+    restored = build_strategy(run_settings)
+    restored.restore(arrays, state)
+    for a, b in zip(strategy.control, restored.control, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert isinstance(strategy.checkpoint(1), Checkpoint)
