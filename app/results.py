@@ -180,7 +180,10 @@ def plot_accuracy(rounds: list[dict], path: Path, *, title: str) -> None:
             x, [r["accuracy-min"] for r in evaluated], [r["accuracy-max"] for r in evaluated],
             alpha=0.2, label="personalised (min-max over clients)",
         )  # fmt: skip
-        ax.plot(x, [r["global-accuracy"] for r in evaluated], marker="s", label="global model (mean)")
+        tested = [r for r in evaluated if "global-accuracy" in r]  # none where the clients keep personal layers
+        if tested:
+            ax.plot([r["round"] for r in tested], [r["global-accuracy"] for r in tested], marker="s",
+                    label="global model (mean)")  # fmt: skip
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy")
     ax.set_ylim(0, 1)
