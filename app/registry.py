@@ -10,6 +10,7 @@ from clients.ditto import DittoClient
 from clients.fathom import FathomClient
 from clients.fedavg import FedAvgClient
 from clients.fedprox import FedProxClient
+from clients.fedrep import FedRepClient
 from clients.perfedavg import PerFedAvgClient
 from clients.scaffold import ScaffoldClient
 from strategies.base import FederatedStrategy
@@ -19,6 +20,7 @@ from strategies.ditto import Ditto
 from strategies.fathom import Fathom
 from strategies.fedavg import FedAvg
 from strategies.fedprox import FedProx
+from strategies.fedrep import FedRep
 from strategies.perfedavg import PerFedAvg
 from strategies.scaffold import Scaffold
 
@@ -58,5 +60,6 @@ METHODS = by_name(
     Method(FedProx, FedProxClient),
     Method(Ditto, DittoClient),
     Method(Scaffold, ScaffoldClient),
+    Method(FedRep, FedRepClient),
 )
 CONTRACTS = {name: method.contract for name, method in METHODS.items()}

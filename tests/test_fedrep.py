@@ -1,0 +1,108 @@
+"""FedRep: a head step then a body step against an independent computation; the head never leaves the client."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import settings
+from flwr.common import parameters_to_ndarrays
+from torch.nn import functional as F
+
+from app.config import ConfigError, check_model, main, parse_settings
+from bench.inprocess import InProcessRun, build_clients
+from clients.base import PERSONAL_LAYERS
+from clients.fedrep import FedRepClient
+from clients.models import build_model
+from datasets import ClientData
+
+HEAD = ("layers.5.weight", "layers.5.bias")
+BODY = ("layers.1.weight", "layers.1.bias", "layers.3.weight", "layers.3.bias")
+
+
+def blobs(n=40, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 2)).astype(np.float32)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(np.int64)
+    return ClientData(x, y, x[:10], y[:10], num_classes=2)
+
+
+def mlp_loss(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The MLP's cross-entropy written out: 2 -> 80 -> 60 -> 2 with ELU."""
+    hidden = F.elu(x @ params["layers.1.weight"].T + params["layers.1.bias"])
+    hidden = F.elu(hidden @ params["layers.3.weight"].T + params["layers.3.bias"])
+    return F.cross_entropy(hidden @ params["layers.5.weight"].T + params["layers.5.bias"], y)
+
+
+def sgd_on(params: dict[str, torch.Tensor], names: tuple[str, ...], x, y, lr: float) -> dict[str, torch.Tensor]:
+    """One full-batch step on ``names`` alone, the other parameters held."""
+    leaves = {k: v.clone().requires_grad_(k in names) for k, v in params.items()}
+    grads = torch.autograd.grad(mlp_loss(leaves, x, y), [leaves[k] for k in names])
+    return {**params, **{k: params[k] - lr * g for k, g in zip(names, grads, strict=True)}}
+
+
+def test_a_head_step_then_a_body_step_match_an_independent_computation():
+    data, lr = blobs(), 0.3
+    model = build_model("mlp", input_shape=(2,), num_classes=2, seed=0)
+    client = FedRepClient(model=model, data=data, partition_id=0,
+                          settings=settings(strategy="fedrep", model="mlp", lr=lr, local_steps=1, batch_size=40,
+                                            fedrep_head_steps=1, device="cpu"))  # fmt: skip
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    body = [start[k].numpy() for k in BODY]
+    reply, _, metrics = client.fit(body, {"server-round": 1, "payload": "model:4"})
+    x, y = torch.as_tensor(data.train_x), torch.as_tensor(data.train_y)
+    expected = sgd_on(sgd_on(start, HEAD, x, y, lr), BODY, x, y, lr)  # the head first, then the body at the new head
+    assert metrics["payload"] == "model:4" and len(reply) == 4
+    for name, got in zip(BODY, reply, strict=True):
+        np.testing.assert_allclose(got, expected[name].numpy(), rtol=1e-5, atol=1e-6)
+    for name, got in zip(HEAD, client.state.arrays(PERSONAL_LAYERS), strict=True):
+        np.testing.assert_allclose(got, expected[name].numpy(), rtol=1e-5, atol=1e-6)
+    assert metrics["local-steps"] == 2 and metrics["grad-evals"] == 2 and metrics["fedrep-head-loss"] > 0
+
+
+def test_the_head_never_leaves_the_client_and_survives_across_rounds():
+    run = InProcessRun(run_config={"strategy": "fedrep", "fraction-fit": 1.0, "min-available-clients": 4,
+                                   "fedrep-head-steps": 3, "local-steps": 3}, num_clients=4)  # fmt: skip
+    strategy, clients = run.strategy, run.clients
+    initial_head = [a.copy() for a in strategy.global_model[4:]]
+    body_shapes = [a.shape for a in strategy.global_model[:4]]
+    body_bytes = sum(a.nbytes for a in strategy.global_model[:4])
+    heads, sent = [], []
+    for server_round in (1, 2):
+        instructions = strategy.configure_fit(server_round, run.parameters, run.manager)
+        results = [(proxy, proxy.fit(ins, None, None)) for proxy, ins in instructions]
+        for _, message in [*instructions, *results]:  # what the server sent, and what each client sent back
+            assert [a.shape for a in parameters_to_ndarrays(message.parameters)] == body_shapes
+        run.parameters, _ = strategy.aggregate_fit(server_round, results, [])
+        assert strategy.record["fit-bytes-received"] == pytest.approx(4 * body_bytes, rel=0.01)  # + npy headers
+        heads.append([[a.copy() for a in c.state.arrays(PERSONAL_LAYERS)] for c in clients])
+        sent.append(dict(instructions))
+    for got, want in zip(strategy.global_model[4:], initial_head, strict=True):
+        np.testing.assert_array_equal(got, want)  # the server never saw a head
+    # partition 0's round 2, replayed by fresh clients: from its round-1 head it gives the head it kept; from none, not
+    proxy = next(p for p in sent[1] if p.client.partition_id == 0)
+    replays = {}
+    for kept in (heads[0][0], None):
+        replay = build_clients(run.settings, 4)[0]
+        if kept is not None:
+            replay.state.set_arrays(PERSONAL_LAYERS, kept)
+        replay.fit(parameters_to_ndarrays(sent[1][proxy].parameters), sent[1][proxy].config)
+        replays[kept is None] = replay.state.arrays(PERSONAL_LAYERS)
+    assert not np.array_equal(heads[0][0][0], initial_head[0])
+    for got, want in zip(replays[False], heads[1][0], strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(replays[True][0], heads[1][0][0])
+    evaluations = strategy.configure_evaluate(10, run.parameters, run.manager)
+    assert all(ins.config["adapt-steps"] == 0 for _, ins in evaluations)
+    (proxy, ins), *_ = evaluations
+    metrics = proxy.evaluate(ins, None, None).metrics
+    assert 0 <= metrics["accuracy"] <= 1 and "global-accuracy" not in metrics
+
+
+def test_the_head_is_checked_against_the_model_before_any_folder_exists(capsys):
+    assert main(["strategy='fedrep' fedrep-personal-layers=3"]) == 1
+    printed = capsys.readouterr().out
+    assert "error: run config key 'fedrep-personal-layers': 3 is outside [1, 2] for this model" in printed
+    check_model(parse_settings({"strategy": "fedrep", "fedrep-personal-layers": 3, "model": "cnn-small"}))
+    with pytest.raises(ConfigError, match="'central-eval': fedrep keeps the model's last 1 layer"):
+        parse_settings({"strategy": "fedrep", "central-eval": True})
