@@ -9,6 +9,7 @@ from clients.diffusion import DiffusionClient
 from clients.ditto import DittoClient
 from clients.fathom import FathomClient
 from clients.fedavg import FedAvgClient
+from clients.fedper import FedPerClient
 from clients.fedprox import FedProxClient
 from clients.fedrep import FedRepClient
 from clients.perfedavg import PerFedAvgClient
@@ -19,6 +20,7 @@ from strategies.diffusion import Diffusion
 from strategies.ditto import Ditto
 from strategies.fathom import Fathom
 from strategies.fedavg import FedAvg
+from strategies.fedper import FedPer
 from strategies.fedprox import FedProx
 from strategies.fedrep import FedRep
 from strategies.perfedavg import PerFedAvg
@@ -61,5 +63,6 @@ METHODS = by_name(
     Method(Ditto, DittoClient),
     Method(Scaffold, ScaffoldClient),
     Method(FedRep, FedRepClient),
+    Method(FedPer, FedPerClient),
 )
 CONTRACTS = {name: method.contract for name, method in METHODS.items()}
