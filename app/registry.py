@@ -13,6 +13,7 @@ from clients.fedper import FedPerClient
 from clients.fedprox import FedProxClient
 from clients.fedrep import FedRepClient
 from clients.perfedavg import PerFedAvgClient
+from clients.pfedme import PFedMeClient
 from clients.scaffold import ScaffoldClient
 from strategies.base import FederatedStrategy
 from strategies.contracts.contract import Contract
@@ -24,6 +25,7 @@ from strategies.fedper import FedPer
 from strategies.fedprox import FedProx
 from strategies.fedrep import FedRep
 from strategies.perfedavg import PerFedAvg
+from strategies.pfedme import PFedMe
 from strategies.scaffold import Scaffold
 
 
@@ -64,5 +66,6 @@ METHODS = by_name(
     Method(Scaffold, ScaffoldClient),
     Method(FedRep, FedRepClient),
     Method(FedPer, FedPerClient),
+    Method(PFedMe, PFedMeClient),
 )
 CONTRACTS = {name: method.contract for name, method in METHODS.items()}
