@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from clients.apfl import ApflClient
 from clients.base import TorchClient
 from clients.diffusion import DiffusionClient
 from clients.ditto import DittoClient
@@ -15,6 +16,7 @@ from clients.fedrep import FedRepClient
 from clients.perfedavg import PerFedAvgClient
 from clients.pfedme import PFedMeClient
 from clients.scaffold import ScaffoldClient
+from strategies.apfl import Apfl
 from strategies.base import FederatedStrategy
 from strategies.contracts.contract import Contract
 from strategies.diffusion import Diffusion
@@ -67,5 +69,6 @@ METHODS = by_name(
     Method(FedRep, FedRepClient),
     Method(FedPer, FedPerClient),
     Method(PFedMe, PFedMeClient),
+    Method(Apfl, ApflClient),
 )
 CONTRACTS = {name: method.contract for name, method in METHODS.items()}
