@@ -6,11 +6,13 @@ import hashlib
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Collection
+from logging import WARNING
 from typing import ClassVar
 
 import numpy as np
 import torch
 from flwr.client import NumPyClient
+from flwr.common.logger import log
 from torch import nn
 
 from clients.state import ClientState
@@ -324,7 +326,7 @@ class TorchClient(NumPyClient):
         if self.personal_names:
             kept = self.state.arrays(PERSONAL_LAYERS)
             current = self.model.state_dict()
-            personal = kept if kept is not None else [current[name] for name in self.personal_names]
+            personal = kept or [current[name].detach().cpu().numpy() for name in self.personal_names]
             state.update((k, torch.as_tensor(np.asarray(v))) for k, v in zip(self.personal_names, personal,
                                                                               strict=True))  # fmt: skip
         self.model.load_state_dict(state, strict=True)
@@ -358,6 +360,7 @@ class TorchClient(NumPyClient):
         small = any(size > len(self.train_y) for size in self.batch_sizes(training, method).values())
         rng = round_generator(self.seed, self.partition_id, int(config.get("server-round", 0)), "fit")
         self.alignment = Alignment() if self.tuned else None
+        kept = self.state.snapshot()
         report = self.local_train(training, method, rng)
         if self.alignment is not None:  # a tuned run: FATHOM's local signal, and the step size in force
             report.extra.setdefault(PHI, self.alignment.phi)
@@ -367,6 +370,11 @@ class TorchClient(NumPyClient):
             raise RuntimeError(f"{type(self).__name__}.local_train returned array sets {sorted(report.arrays)}; "
                                f"{self.contract.name}'s contract returns {list(declared)}")  # fmt: skip
         arrays, layout = pack({MODEL: self.shared_arrays(), **{name: report.arrays[name] for name in declared}})
+        if self.state.non_finite or not all(np.all(np.isfinite(a)) for a in arrays):
+            # the server rejects this reply; what the client keeps stays as it was before the round
+            log(WARNING, "partition %s: round %s gave non-finite values; %s kept unchanged", self.partition_id,
+                config.get("server-round"), ", ".join(self.state.non_finite) or "what this client keeps")  # fmt: skip
+            self.state.restore(kept)
         metrics = {TRAIN_LOSS: report.mean_loss, LOCAL_STEPS: report.steps, GRAD_EVALS: report.grad_evals,
                    HVP_EVALS: report.hvp_evals, SAMPLE_GRADS: report.sample_grads, PARTITION_ID: self.partition_id,
                    SMALL_BATCH: int(small), **report.extra, LAYOUT: layout}  # fmt: skip
