@@ -641,6 +641,9 @@ class FederatedStrategy(Strategy):
             self.tuner.restore(checkpoint.arrays, checkpoint.state["tuner"])
         self._use_model(stored)
         log(INFO, "resumed after round %d of %d", checkpoint.round, self.num_rounds)
+        if kept := self.contract.client_state(self.method):  # Context.state belongs to one Flower run
+            log(WARNING, "resumed %s: its clients keep %s in Context.state, which a new run starts empty; the rounds "
+                "after %d differ from an uninterrupted run's", self.name, kept, checkpoint.round)  # fmt: skip
         return self.global_parameters
 
 

@@ -20,7 +20,11 @@ class Scaffold(FederatedStrategy):
     (``aggregation``; uniform by default, as in the paper), and
     ``c <- c + |S| / N mean_S(delta-control)``, ``N`` being the partitions connected this
     round. A reply without its ``delta-control``, or with a bad one, is rejected by the
-    base's screening. The record adds ``scaffold-control-norm`` (``||c||``); checkpoints keep ``c``.
+    base's screening. The record adds ``scaffold-control-norm`` (``||c||``).
+
+    A checkpoint does not keep ``c``: the clients' ``c_i`` live in ``Context.state``, which a
+    resumed run (a new Flower run) starts empty, and ``c`` restarts at 0 with them, so that
+    it stays the mean of the ``c_i`` it was built from.
     """
 
     contract = CONTRACT
@@ -46,10 +50,3 @@ class Scaffold(FederatedStrategy):
             averaged = [x + eta * (a - x) for x, a in zip(previous, averaged, strict=True)]
         norm = float(np.sqrt(sum(float(np.vdot(c, c)) for c in self.control)))
         return averaged, {**extra, "scaffold-control-norm": norm}
-
-    def state(self) -> tuple[dict[str, np.ndarray], dict]:
-        """The control variate ``c``."""
-        return {f"scaffold/control/{i}": c.copy() for i, c in enumerate(self.control)}, {}
-
-    def restore(self, arrays: dict[str, np.ndarray], state: dict) -> None:
-        self.control = [arrays[f"scaffold/control/{i}"] for i in range(len(self.control))]

@@ -14,7 +14,6 @@ from bench.inprocess import InProcessRun
 from clients.models import build_model
 from clients.scaffold import CLIENT_CONTROL, ScaffoldClient
 from clients.state import ClientState
-from strategies.checkpoint import Checkpoint
 from strategies.contracts.payload import pack, unpack
 
 N, D = 16, 3
@@ -131,13 +130,26 @@ def test_a_reply_without_a_good_delta_control_is_rejected_naming_it_and_the_run_
                    and problem in line for line in lines), lines  # fmt: skip
 
 
-def test_the_control_variate_is_checkpointed_and_restored():
-    run_settings = settings(strategy="scaffold", model="logreg")
+def test_a_resumed_run_restarts_c_at_zero_with_the_clients_c_i_and_says_so(caplog):
+    run_settings = settings(strategy="scaffold", model="logreg", num_server_rounds=4)
     strategy = build_strategy(run_settings)
     strategy.control = [np.full_like(c, 0.25) for c in strategy.control]
-    arrays, state = strategy.state()
-    restored = build_strategy(run_settings)
-    restored.restore(arrays, state)
-    for a, b in zip(strategy.control, restored.control, strict=True):
-        np.testing.assert_array_equal(a, b)
-    assert isinstance(strategy.checkpoint(1), Checkpoint)
+    checkpoint = strategy.checkpoint(2)
+    assert not [name for name in checkpoint.arrays if "control" in name]
+    resumed = build_strategy(run_settings)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        resumed.resume(checkpoint)
+    assert all(np.all(c == 0) for c in resumed.control)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("its control variate c_i" in m and "differ from an uninterrupted run" in m for m in messages), messages
+
+
+def test_a_round_that_diverges_leaves_the_clients_c_i_as_it_was():
+    start = np.array([0.2, 0.4, -0.3], dtype=np.float32).reshape(1, D)
+    state = ClientState(owner="scaffold")
+    kept = [np.full((1, D), 0.01, np.float32)]
+    state.set_arrays(CLIENT_CONTROL, kept)
+    arrays, layout = pack({"model": [start], "control": [np.zeros((1, D), np.float32)]})
+    reply, _, _ = client(state, lr=1e30, local_steps=3).fit(arrays, {"server-round": 1, "payload": layout})
+    assert not np.all(np.isfinite(reply[0]))  # the server rejects this reply ...
+    np.testing.assert_array_equal(state.arrays(CLIENT_CONTROL)[0], kept[0])  # ... and the client keeps its c_i

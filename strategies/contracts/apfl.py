@@ -42,4 +42,5 @@ CONTRACT = Contract(
         Metric(PERSONAL_LOSS, "mean training loss of the personalised model vbar_k over the local steps", 0.0),
     ),
     example={"strategy": "apfl", "fraction-fit": 0.5},
+    keeps="its local model v_k and mixing weight alpha_k",
 )

@@ -161,6 +161,9 @@ class Contract:
         finds them in ``reply.extras``.
     personal
         Which of the model's arrays stay on the clients (FedRep's head); ``None``: all are shared.
+    keeps
+        What else each client keeps across rounds in its ``Context.state``, in words (Ditto:
+        "its personal model v_k"); a run resumed from a checkpoint starts it afresh, and says so.
 
     """
 
@@ -175,6 +178,7 @@ class Contract:
     sends: tuple[ArraySet, ...] = ()
     returns: tuple[ArraySet, ...] = ()
     personal: PersonalArrays | None = None
+    keeps: str = ""
 
     def __post_init__(self) -> None:
         if self.settings.prefix != self.name:
@@ -207,6 +211,13 @@ class Contract:
     def returned_sets(self) -> tuple[str, ...]:
         """The names of the array sets every fit reply carries beside the model."""
         return tuple(s.name for s in self.returns)
+
+    def client_state(self, method: MethodSettings) -> str:
+        """What each client keeps across rounds (``Context.state``), in words; ``""`` when nothing."""
+        kept = [self.keeps] if self.keeps else []
+        if self.personal is not None:
+            kept.append(self.personal.describe(method.values()))
+        return " and ".join(kept)
 
     def personal_arrays(self, method: MethodSettings, names: Sequence[str]) -> tuple[str, ...]:
         """The model's arrays (``state_dict`` names) that stay on the clients; none unless ``personal`` is set."""

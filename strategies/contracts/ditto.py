@@ -43,4 +43,5 @@ CONTRACT = Contract(
         Metric(PERSONAL_ROUNDS, "times this client has updated its personal model", 1.0, summary=("sum",)),
     ),
     example={"strategy": "ditto", "ditto-lambda": 0.5, "fraction-fit": 1.0},
+    keeps="its personal model v_k",
 )

@@ -42,4 +42,5 @@ CONTRACT = Contract(
     step_sizes=("lr", "pfedme-personal-lr"),
     metrics=(Metric(PERSONAL_DISTANCE, "||theta_k - w_k|| after the local rounds: how far personalisation went", 0.0),),
     example={"strategy": "pfedme", "fraction-fit": 0.5, "local-steps": 5},
+    keeps="its personal model theta_k",
 )

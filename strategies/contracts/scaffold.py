@@ -40,5 +40,6 @@ CONTRACT = Contract(
     metrics=(Metric(CORRECTION_NORM, "||c - c_i||, the drift correction the client's steps applied", 0.0,
                     summary=("mean", "max")),),  # fmt: skip
     example={"strategy": "scaffold", "fraction-fit": 0.5},
+    keeps="its control variate c_i (the server's c restarts at 0 with them)",
     tunable=Tunable(step="lr", work=("local-epochs", "local-steps")),
 )
