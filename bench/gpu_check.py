@@ -10,7 +10,9 @@ transport), after ``--warmup`` rounds:
 - ``default-job``: the app's defaults (``flwr run .``'s job), 50 clients.
 
 Per round: wall seconds; per step: a round's seconds over the local steps its clients
-took. Then the default job runs once through ``flwr run`` with ``device = "cuda"`` and
+took. Every registered method's example then runs two rounds and an evaluation
+in-process on each device (its client's device handling: personal layers, control
+variates, personal models). Then the default job runs once through ``flwr run`` with ``device = "cuda"`` and
 ``client-resources-num-gpus = 0.25`` (four clients share the GPU), to show the
 deployment path end to end. Writes ``bench/results/gpu_check.json`` (medians, and
 CPU / CUDA ratios).
@@ -35,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from app.launcher import LocalSimulation  # noqa: E402
+from app.registry import METHODS  # noqa: E402
 from bench.common import QUICK_RESULTS, SHARED_DATA, machine  # noqa: E402
 from bench.inprocess import InProcessRun  # noqa: E402
 
@@ -71,6 +74,31 @@ def time_case(config: dict, device: str, *, warmup: int, rounds: int) -> dict:
             step_s.append(seconds / max(1.0, float(metrics.get("client-steps", 1))))
     return {"round-seconds": statistics.median(round_s), "step-seconds": statistics.median(step_s),
             "rounds": rounds, "train-loss": metrics.get("train-loss")}  # fmt: skip
+
+
+def every_method(device: str, rounds: int = 2) -> dict[str, str]:
+    """Each registered method's example: ``rounds`` fit rounds and an evaluation in-process on ``device``; ok or why.
+
+    A method's client code meets CUDA only here (personal layers merged on the device,
+    control variates, personal models), so a device mistake shows as that method's error.
+    """
+    outcomes = {}
+    for name, method in METHODS.items():
+        config = {**method.contract.example, "device": device, "min-available-clients": 4, "preflight": False,
+                  "num-server-rounds": rounds, "eval-every": rounds}  # fmt: skip
+        try:
+            run = InProcessRun(run_config=config, num_clients=4)
+            for _ in range(rounds):
+                metrics = run.step()
+            strategy = run.strategy
+            evaluations = strategy.configure_evaluate(rounds, run.parameters, run.manager)
+            replies = [(proxy, proxy.evaluate(ins, None, None)) for proxy, ins in evaluations]
+            _, evaluated = strategy.aggregate_evaluate(rounds, replies, [])
+            failed = strategy.record.get("clients-failed", 0) + evaluated.get("eval-clients-failed", 0)
+            outcomes[name] = "ok" if not failed and "train-loss" in metrics else f"{failed} failed replies"
+        except Exception as err:  # the report names every method's outcome, failed ones too
+            outcomes[name] = f"{type(err).__name__}: {err}"
+    return outcomes
 
 
 def through_flower(rounds: int) -> dict:
@@ -111,6 +139,9 @@ def main() -> None:
         if "cuda" in devices:
             cpu, cuda = report["cases"][name]["cpu"], report["cases"][name]["cuda"]
             report["cases"][name]["cpu/cuda"] = {k: cpu[k] / cuda[k] for k in ("round-seconds", "step-seconds")}
+    for device in devices:
+        report[f"every-method-{device}"] = every_method(device)
+        print(f"every method on {device}: {report[f'every-method-{device}']}", flush=True)
     if "cuda" in devices:
         report["flwr-run"] = through_flower(args.flower_rounds)
         print(f"default job through flwr run on the GPU: {report['flwr-run']['status']}, "
