@@ -16,6 +16,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,7 @@ class LocalSimulation:
         self.workdir = Path(workdir) if workdir else Path(self._tmp.name) / "cwd"
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.http_port, self.control_port = free_port(), free_port()
+        self._submitted: dict[str, float] = {}  # run id -> when it was submitted (perf_counter)
         self.env = {
             **os.environ,
             "FLWR_HOME": str(self.home),
@@ -137,24 +139,19 @@ class LocalSimulation:
         except json.JSONDecodeError as err:
             raise RuntimeError(f"`flwr {args[0]}` printed no JSON:\n{out.stdout}\n{out.stderr}") from err
 
-    def run(
-        self, *, run_config: dict[str, object], num_supernodes: int, timeout_s: float = 1800, extra_federation: str = ""
-    ) -> RunOutcome:
-        """Submit one run, wait for it to finish, and return its final status."""
+    def submit(self, *, run_config: dict[str, object], num_supernodes: int, extra_federation: str = "") -> str:
+        """Submit one run and return its run id, without waiting for it (see :meth:`wait`)."""
         federation = f"num-supernodes={num_supernodes} {extra_federation}".strip()
-        started = time.perf_counter()
-        args = [
-            "run",
-            str(self.app_dir),
-            "--run-config",
-            run_config_text(run_config),
-            "--federation-config",
-            federation,
-        ]
-        submitted = self._flwr(args)
+        submitted = self._flwr(["run", str(self.app_dir), "--run-config", run_config_text(run_config),
+                                "--federation-config", federation])  # fmt: skip
         if not submitted.get("success"):
             raise RuntimeError(f"flwr run refused the submission: {submitted}")
         run_id = str(submitted["run-id"])
+        self._submitted[run_id] = time.perf_counter()
+        return run_id
+
+    def wait(self, run_id: str, *, timeout_s: float = 1800) -> RunOutcome:
+        """Wait for a submitted run to end; its status, and the seconds since it was submitted."""
         # `flwr log --stream` blocks until the run ends: one idle process instead of a
         # polling loop that would compete with the simulation for the CPU.
         try:
@@ -164,9 +161,41 @@ class LocalSimulation:
             ).stdout  # fmt: skip
         except subprocess.TimeoutExpired as err:
             streamed = (err.stdout or b"").decode(errors="replace") if isinstance(err.stdout, bytes) else err.stdout
-        wall = time.perf_counter() - started
+        wall = time.perf_counter() - self._submitted.pop(run_id, time.perf_counter())
         status = self._flwr(["ls", "--run-id", run_id])["runs"][0]["status"]
         return RunOutcome(run_id=run_id, status=status, wall_seconds=wall, log=streamed or "")
+
+    def run(
+        self, *, run_config: dict[str, object], num_supernodes: int, timeout_s: float = 1800, extra_federation: str = ""
+    ) -> RunOutcome:
+        """Submit one run, wait for it to finish, and return its final status."""
+        run_id = self.submit(run_config=run_config, num_supernodes=num_supernodes, extra_federation=extra_federation)
+        return self.wait(run_id, timeout_s=timeout_s)
+
+    def run_many(
+        self, runs: dict[str, dict[str, object]], *, num_supernodes: int, ahead: int = 3, timeout_s: float = 1800,
+        extra_federation: str = "",
+    ) -> dict[str, RunOutcome]:
+        """Run several configs, keeping up to ``ahead`` submitted at a time; their outcomes by name.
+
+        The SuperLink starts every submitted run at once, each in its own simulation
+        process with its own Ray, so up to ``ahead`` run side by side: their start-up and
+        polling overlap. Each holds a ServerApp and Ray workers in memory; keep ``ahead``
+        small. Submissions go one after another: the first starts the local SuperLink, and
+        two at once would both try to.
+        """
+        outcomes: dict[str, RunOutcome] = {}
+        in_flight: deque[tuple[str, str]] = deque()
+        for name, config in runs.items():
+            if len(in_flight) >= max(1, ahead):
+                done, run_id = in_flight.popleft()
+                outcomes[done] = self.wait(run_id, timeout_s=timeout_s)
+            in_flight.append((name, self.submit(run_config=config, num_supernodes=num_supernodes,
+                                                extra_federation=extra_federation)))  # fmt: skip
+        while in_flight:
+            done, run_id = in_flight.popleft()
+            outcomes[done] = self.wait(run_id, timeout_s=timeout_s)
+        return {name: outcomes[name] for name in runs}
 
     def close(self) -> None:
         """Stop the SuperLink and everything it started, then delete the private home."""

@@ -20,6 +20,7 @@ from app.registry import METHODS
 
 pytestmark = pytest.mark.e2e
 ROUNDS, CLIENTS = 2, 4
+AHEAD = 3  # runs submitted ahead on the one SuperLink (LocalSimulation.run_many)
 
 
 def records(run_dir):
@@ -30,21 +31,18 @@ def records(run_dir):
 def finished_runs(tmp_path_factory):
     results = tmp_path_factory.mktemp("results")
     config = {"num-server-rounds": ROUNDS, "eval-every": 1, "fraction-fit": 0.5, "results-dir": str(results)}
-    runs = {}
+    configs = {name: {**config, **method.contract.example, "run-name": name} for name, method in METHODS.items()}
+    # a partition the embedded data cannot hold (250 training images per class)
+    configs["too-big"] = {**config, "images-per-class": 400, "run-name": "too-big"}
+    # Per-FedAvg batches larger than the second-half clients' 12 images
+    configs["big-batch"] = {**config, "perfedavg-outer-batch-size": 40, "strict-batches": True, "run-name": "big-batch"}
+    configs["fathom-3"] = {**config, **METHODS["fathom"].contract.example, "num-server-rounds": 3,
+                           "fraction-fit": 1.0, "run-name": "fathom-3"}  # fmt: skip
+    failing = {"too-big", "big-batch"}
     with LocalSimulation(app_dir=REPO) as sim:
-        for name, method in METHODS.items():
-            run_config = {**config, **method.contract.example, "run-name": name}
-            runs[name] = (sim.run(run_config=run_config, num_supernodes=CLIENTS, timeout_s=300), results / name)
-        # a partition the embedded data cannot hold (250 training images per class)
-        too_big = {**config, "images-per-class": 400, "run-name": "too-big"}
-        runs["too-big"] = (sim.run(run_config=too_big, num_supernodes=CLIENTS, timeout_s=300), None)
-        # Per-FedAvg batches larger than the second-half clients' 12 images
-        big_batch = {**config, "perfedavg-outer-batch-size": 40, "strict-batches": True, "run-name": "big-batch"}
-        runs["big-batch"] = (sim.run(run_config=big_batch, num_supernodes=CLIENTS, timeout_s=300), None)
-        fathom = {**config, **METHODS["fathom"].contract.example, "num-server-rounds": 3, "fraction-fit": 1.0,
-                  "run-name": "fathom-3"}  # fmt: skip
-        runs["fathom-3"] = (sim.run(run_config=fathom, num_supernodes=CLIENTS, timeout_s=300), results / "fathom-3")
+        outcomes = sim.run_many(configs, num_supernodes=CLIENTS, ahead=AHEAD, timeout_s=300)
         marker = str(sim.home)
+    runs = {name: (outcome, None if name in failing else results / name) for name, outcome in outcomes.items()}
     yield runs, marker
 
 
