@@ -1,0 +1,351 @@
+"""Benchmark B7: every registered method on three non-IID datasets, personalised accuracy and what it costs.
+
+Each registered method runs through Flower's simulation engine (a private local
+SuperLink, one CPU per client) on three datasets, for the seeds asked:
+
+- ``mnist-paper``: the embedded ``mnist-5k`` with the Per-FedAvg paper's split (the main
+  job's data: 50 users, a = 8), the MLP;
+- ``femnist``: ``../shared/data/femnist-leaf``, the natural split (105 writers), ``cnn-small``;
+- ``mnist-folder-dirichlet``: ``../shared/data/mnist-10k`` written once as an image folder
+  (``train/<digit name>/*.png``, ``test/...``, by ``datasets.tools.device_folders.write_split``,
+  into ``--folder-cache``) and read as a user's own data (``dataset = "imagefolder"``), split
+  over 50 users by a Dirichlet(0.1) draw over classes (strong label skew; each user's test
+  split follows its own mix), the MLP;
+- ``mnist-pathological``: PFLlib's setting as near as 2 cores allow, for its five methods
+  only: ``../shared/data/mnist-10k`` (no FMNIST here) over 20 users of 2 classes each
+  (``shards``), every user training every round, the MLP; it asks whether the published
+  ordering appears where the published conditions hold.
+
+The shared keys are equal across methods on a dataset (``SHARED``, with a dataset's own
+``shared``: FEMNIST takes B2's tuned lr 0.1 and batch 16); each method's own keys are at
+the values ``METHOD_KEYS`` gives, with the reason, and :func:`own_keys` ties the step sizes
+it names to the shared lr. For every run it records the
+client-mean personalised accuracy after the last round, the global model's accuracy on
+the same splits where the method has a global model, seconds per round, gradient
+evaluations per round and the bytes of arrays sent and received per round, and writes
+``bench/results/personalised_table.json`` and ``.md``: per dataset and method the mean with
+a 95% t-interval over seeds, the costs' medians, and how the ordering compares with
+PFLlib's published one.
+
+    python bench/personalised_table.py --quick             # one seed, mnist-paper, 10 rounds
+    python bench/personalised_table.py                     # the table in docs/benchmarks.md (3 seeds)
+    python bench/personalised_table.py --report-only       # rebuild the report from the run log
+
+Finished runs are appended to ``bench/results/personalised_table_runs.jsonl`` and skipped
+when asked for again, so the benchmark can be stopped and resumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from app.config import parse_settings  # noqa: E402
+from app.launcher import LocalSimulation  # noqa: E402
+from app.registry import METHODS  # noqa: E402
+from bench.common import QUICK_RESULTS, SHARED_DATA, RunLog, interval, machine, read_records  # noqa: E402
+from datasets import DataSpec, load_source  # noqa: E402
+from datasets.tools.device_folders import CLASSES, INPUT_SHAPE, write_split  # noqa: E402
+
+# PFLlib's benchmark, FMNIST with a pathological split, 20 clients (personalised accuracy, %)
+PUBLISHED = {"fedavg": 80.4, "perfedavg": 99.2, "pfedme": 99.4, "ditto": 99.4, "fedrep": 99.6}
+PUBLISHED_ORDER = sorted(PUBLISHED, key=PUBLISHED.get)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One of B7's datasets: its run-config keys, clients and rounds."""
+
+    label: str
+    config: dict
+    clients: int
+    rounds: int
+    model: str = "mlp"
+    needs: str = ""  # the folder under ../shared/data it reads, if any
+    shared: dict = field(default_factory=dict)  # the shared keys it sets otherwise than SHARED
+    per_round: int = 10  # clients sampled for training each round
+    methods: tuple[str, ...] = ()  # the methods it runs; () for every registered one
+
+    def lr(self) -> float:
+        return float({**SHARED, **self.shared}["lr"])
+
+
+DATASETS = {
+    "mnist-paper": Dataset("embedded MNIST, Per-FedAvg paper split (50 users, a = 8)",
+                           {"dataset": "mnist-5k", "partitioner": "perfedavg-paper"}, 50, 100),
+    "femnist": Dataset("FEMNIST (LEAF sample), natural split (105 writers)",
+                       {"dataset": "femnist", "partitioner": "natural"}, 105, 100, model="cnn-small",
+                       needs="femnist-leaf", shared={"lr": 0.1, "batch-size": 16, "adapt-batch-size": 16}),
+    "mnist-folder-dirichlet": Dataset("MNIST 10k as an image folder, Dirichlet(0.1) label skew (50 users)",
+                                      {"dataset": "imagefolder", "classes": CLASSES, "input-shape": INPUT_SHAPE,
+                                       "partitioner": "dirichlet", "dirichlet-concentration": 0.1},
+                                      50, 100, needs="mnist-10k"),
+    # PFLlib's setting as near as 2 cores allow: 20 clients of 2 classes each, all of them every round
+    "mnist-pathological": Dataset("MNIST 10k, 2 classes per client (PFLlib's pathological split), 20 users, all "
+                                  "every round", {"dataset": "mnist", "partitioner": "shards", "classes-per-client": 2},
+                                  20, 100, needs="mnist-10k", per_round=20, methods=tuple(PUBLISHED_ORDER)),
+}  # fmt: skip
+# equal for every method: the main job's local work and step, about 10 clients a round, uniform averaging,
+# and one adaptation step at test time for the methods that test the model they receive
+SHARED = {"lr": 0.05, "local-steps": 10, "batch-size": 10, "aggregation": "uniform", "adapt-steps": 1,
+          "adapt-batch-size": 10, "min-fit-clients": 2}  # fmt: skip
+# each method's own keys, and where their values come from; the variant of Per-FedAvg depends on the model
+METHOD_KEYS: dict[str, tuple[dict, str]] = {
+    "fedavg": ({}, "no keys of its own"),
+    "perfedavg": ({}, "beta = the shared lr; on the MLP the main job's alpha 0.05 (a row of the paper's Table 1) "
+                  "and variant hf (the paper's best), on cnn-small B6's alpha 0.01 and variant so (B6: hf never "
+                  "trains on a ReLU network)"),
+    "fathom": ({"local-epochs": 1.0}, "its Algorithm 1 defaults; it must start from local-epochs > 0 (1 here), the "
+               "one shared key it moves"),
+    "diffusion": ({}, "ring graph, Metropolis weights, mu = the shared lr, T = local-steps; each agent takes part "
+                  "with the probability that gives about 10 agents a round"),
+    "fedprox": ({"fedprox-mu": 0.01}, "mu 0.01, the middle of the paper's grid {0.001, 0.01, 0.1, 1}"),
+    "ditto": ({"ditto-lambda": 0.1, "ditto-personal-steps": 10},
+              "lambda 0.1 (in the paper's range for FEMNIST), personal steps = local-steps, personal lr = the shared "
+              "lr"),
+    "scaffold": ({"scaffold-server-lr": 1.0}, "eta_g = 1 (the paper's experiments)"),
+    "fedrep": ({"fedrep-personal-layers": 1, "fedrep-head-steps": 10},
+               "the last layer as head; 10 head steps before the 10 body steps (the paper runs 10 head epochs "
+               "per body epoch: 10x the head work)"),
+    "fedper": ({"fedper-personal-layers": 1}, "the last layer as head"),
+    "pfedme": ({"pfedme-lambda": 15.0, "pfedme-personal-lr": 0.1, "pfedme-inner-steps": 5, "pfedme-beta": 1.0},
+               "the paper's MNIST setting (lambda 15, personal step 0.1, K 5, beta 1), R = local-steps; where the "
+               "shared lr times 15 reaches 1 (FEMNIST's 0.1), lambda = 0.5 / lr, since w_k moves lr * lambda of the "
+               "way to theta each local round and overshoots past 1"),
+    "apfl": ({"apfl-alpha": 0.25}, "alpha from 0.25 (one of the paper's fixed values), adapted with the shared lr "
+             "as its step"),
+}  # fmt: skip
+KEY_FIELDS = ("dataset", "method", "seed", "rounds")
+
+
+def own_keys(method: str, dataset: Dataset) -> dict:
+    """``METHOD_KEYS``' values, with the step sizes they name tied to the dataset's shared lr."""
+    keys, lr, cnn = dict(METHOD_KEYS.get(method, ({}, ""))[0]), dataset.lr(), dataset.model.startswith("cnn")
+    if method == "perfedavg":
+        keys.update({"perfedavg-beta": lr, "perfedavg-alpha": 0.01 if cnn else 0.05,
+                     "perfedavg-variant": "so" if cnn else "hf"})  # fmt: skip
+    elif method == "diffusion":
+        keys.update({"diffusion-mu": lr, "diffusion-participation": dataset.per_round / dataset.clients})
+    elif method == "ditto":
+        keys["ditto-personal-lr"] = lr
+    elif method == "pfedme" and lr * keys["pfedme-lambda"] >= 1:
+        keys["pfedme-lambda"] = 0.5 / lr
+    elif method == "apfl":
+        keys["apfl-alpha-lr"] = lr
+    return keys
+
+
+def image_folder(cache: Path) -> Path:
+    """``../shared/data/mnist-10k`` as ``train/<digit>/`` and ``test/<digit>/`` PNGs in ``cache`` (written once)."""
+    done = cache / "complete"
+    if not done.exists():
+        source = load_source(DataSpec(name="mnist", data_dir=str(SHARED_DATA / "mnist-10k")))
+        write_split(cache / "train", source.train_x, source.train_y)
+        write_split(cache / "test", source.test_x, source.test_y)
+        done.write_text("10000 train and 10000 test images of ../shared/data/mnist-10k\n")
+    return cache
+
+
+def run_config(method: str, dataset: Dataset, *, seed: int, rounds: int, results: str, name: str, folder: Path) -> dict:
+    data_dir = {"data-dir": str(SHARED_DATA / dataset.needs)} if dataset.needs else {}
+    if dataset.config["dataset"] == "imagefolder":
+        data_dir = {"data-dir": str(folder)}
+    config = {**SHARED, **dataset.shared, **dataset.config, **data_dir, "model": dataset.model, "strategy": method,
+              "seed": seed,
+              "num-server-rounds": rounds, "eval-every": max(1, rounds // 2),
+              "fraction-fit": min(1.0, (dataset.per_round + 0.5) / dataset.clients),
+              "min-available-clients": dataset.clients,
+              "results-dir": results, "run-name": name, **own_keys(method, dataset)}  # fmt: skip
+    parse_settings(config)  # a bad key fails here, before any run starts
+    return config
+
+
+def summarise_run(run_dir: Path, method: str) -> dict:
+    """The last evaluation's client-mean accuracies, and the cost per round (a fit round's median seconds)."""
+    rounds, summary = read_records(run_dir)
+    final = summary["final"]
+    per_round = len(rounds)
+    training_only = [r["round-seconds"] for r in rounds if "accuracy" not in r] or [r["round-seconds"] for r in rounds]
+    has_global = "global-accuracy-client-mean" in final and method != "diffusion"  # diffusion: each agent's own
+    return {
+        "status": summary["status"],
+        "accuracy": final.get("accuracy-client-mean"),
+        "accuracy-weighted": final.get("accuracy"),
+        "global-accuracy": final["global-accuracy-client-mean"] if has_global else None,
+        "curve": [(r["round"], r["accuracy-client-mean"]) for r in rounds if "accuracy-client-mean" in r],
+        "seconds-per-round": statistics.median(training_only),  # a round without evaluation
+        "seconds-to-round-1": summary["timing"].get("first-round-start-seconds"),
+        "grad-evals-per-round": sum(r.get("grad-evals", 0) for r in rounds) / per_round,
+        "bytes-sent-per-round": sum(r.get("fit-bytes-sent", 0) for r in rounds) / per_round,
+        "bytes-received-per-round": sum(r.get("fit-bytes-received", 0) for r in rounds) / per_round,
+        "eval-bytes-sent": sum(r.get("eval-bytes-sent", 0) for r in rounds),
+        "failed-replies": summary["clients-failed"],
+    }
+
+
+COSTS = ("seconds-per-round", "grad-evals-per-round", "bytes-sent-per-round", "bytes-received-per-round")
+
+
+def report_of(runs: list[dict], datasets: list[str], seeds: list[int], rounds: dict[str, int]) -> dict:
+    """Per dataset and method: accuracy mean and 95% half-width over seeds, global accuracy, median costs."""
+    table = {}
+    for name in datasets:
+        methods = {}
+        for method in METHODS:
+            done = [r for r in runs if r["dataset"] == name and r["method"] == method and r["seed"] in seeds
+                    and r["rounds"] == rounds[name] and r.get("accuracy") is not None]  # fmt: skip
+            if not done:
+                continue
+            mean, half = interval([100 * r["accuracy"] for r in done])
+            globals_ = [100 * r["global-accuracy"] for r in done if r["global-accuracy"] is not None]
+            g_mean, g_half = interval(globals_) if globals_ else (None, None)
+            methods[method] = {"accuracy": mean, "ci95": half, "seeds": sorted(r["seed"] for r in done),
+                               "per-seed": [100 * r["accuracy"] for r in sorted(done, key=lambda r: r["seed"])],
+                               "global-accuracy": g_mean, "global-ci95": g_half,
+                               **{k: statistics.median(r[k] for r in done) for k in COSTS}}  # fmt: skip
+        table[name] = {"label": DATASETS[name].label, "rounds": rounds[name], "clients": DATASETS[name].clients,
+                       "per-round": DATASETS[name].per_round,
+                       "lr": DATASETS[name].lr(), "shared": {**SHARED, **DATASETS[name].shared},
+                       "model": DATASETS[name].model, "methods": methods, "ordering": ordering(methods)}  # fmt: skip
+    return table
+
+
+def ordering(methods: dict) -> dict:
+    """Our order of PFLlib's five methods, and which of its published pairwise orders hold here.
+
+    A pair is compared seed by seed (a seed fixes the split and the sampling for every
+    method): ``gap`` is the mean of higher - lower over the seeds both ran, ``ci95`` its
+    t-interval's half-width, and ``separated`` whether that interval leaves out 0.
+    """
+    ranked = sorted((m for m in PUBLISHED if m in methods), key=lambda m: methods[m]["accuracy"])
+    pairs = []
+    for i, low in enumerate(PUBLISHED_ORDER):
+        for high in PUBLISHED_ORDER[i + 1 :]:
+            if low not in methods or high not in methods or PUBLISHED[low] >= PUBLISHED[high]:
+                continue
+            lows, highs = (dict(zip(methods[m]["seeds"], methods[m]["per-seed"], strict=True)) for m in (low, high))
+            gap, half = interval([highs[seed] - lows[seed] for seed in sorted(set(lows) & set(highs))])
+            pairs.append({"lower": low, "higher": high, "holds": gap > 0, "gap": gap, "ci95": half,
+                          "separated": abs(gap) > half > 0})  # fmt: skip
+    return {"ours": ranked, "published": PUBLISHED_ORDER, "pairs": pairs}
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# B7: a personalised-FL table on Flower ({len(report['seeds'])} seed(s): {report['seeds']})", ""]
+    for table in report["datasets"].values():
+        lines += [f"## {table['label']}: {table['model']}, {table['rounds']} rounds, about {table['per-round']} of "
+                  f"{table['clients']} clients a round, lr {table['lr']}", "",
+                  "| method | personalised acc. (%, client mean, 95% CI) | global model acc. (%) | s / round | "
+                  "grad. evals / round | MB sent / round | MB received / round |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for method, row in sorted(table["methods"].items(), key=lambda item: -item[1]["accuracy"]):
+            tested = "n/a"
+            if row["global-accuracy"] is not None:
+                tested = f"{row['global-accuracy']:.1f} ± {row['global-ci95']:.1f}"
+            lines.append(
+                f"| {method} | {row['accuracy']:.1f} ± {row['ci95']:.1f} | {tested} | {row['seconds-per-round']:.2f} | "
+                f"{row['grad-evals-per-round']:.0f} | {row['bytes-sent-per-round'] / 1e6:.2f} | "
+                f"{row['bytes-received-per-round'] / 1e6:.2f} |"
+            )
+        order = table["ordering"]
+        held = [p for p in order["pairs"] if p["holds"]]
+        reversed_ = [f"{p['lower']} > {p['higher']} by {-p['gap']:.1f} ± {p['ci95']:.1f}" for p in order["pairs"]
+                     if not p["holds"] and p["separated"]]  # fmt: skip
+        lines += ["", f"PFLlib's order, lowest first: {' < '.join(order['published'])}; here: "
+                  f"{' < '.join(order['ours'])}. Published pairs that hold here: {len(held)} of {len(order['pairs'])}"
+                  f", {sum(p['separated'] for p in held)} of them with the seed-paired 95% interval of the gap "
+                  f"above 0" + (f"; reversed beyond the interval: {', '.join(reversed_)}" if reversed_ else "") + ".",
+                  ""]  # fmt: skip
+    lines += ["Global model accuracy: the model each client receives, tested un-adapted on its own test split "
+              "(client mean); n/a where there is no global model to test (FedRep and FedPer keep their heads at "
+              "home; a diffusion agent tests its own model). Bytes: the arrays of the fit instructions and replies "
+              "of a round, over every sampled client.", "", "Each method's own keys:", ""]  # fmt: skip
+    lines += [f"- `{m}`: {METHOD_KEYS.get(m, ({}, 'its defaults'))[1]}" for m in METHODS]
+    lines += ["", f"Shared keys: {json.dumps(SHARED)} (FEMNIST: lr 0.1, batch 16, B2's tuned FedAvg); "
+              f"{report['federation']}. Machine: {report['machine']}; {report['total-minutes']:.0f} minutes of "
+              "runs."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one seed, mnist-paper, 10 rounds")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--report-only", action="store_true", help="the report from the run log, no new runs")
+    parser.add_argument("--federation", default="client-resources-num-cpus=1")
+    parser.add_argument("--folder-cache", type=Path, default=Path.home() / ".cache" / "stamen" / "b7-mnist-10k-folder",
+                        help="where the MNIST image folder is written once")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "personalised_table.json")
+    args = parser.parse_args()
+    datasets, seeds = (["mnist-paper"], args.seeds[:1]) if args.quick else (args.datasets, args.seeds)
+    rounds = {name: 10 if args.quick else DATASETS[name].rounds for name in datasets}
+    if args.quick:
+        args.out = QUICK_RESULTS / args.out.name
+    needed = [DATASETS[name].needs for name in datasets if DATASETS[name].needs]
+    missing = [folder for folder in needed if not (SHARED_DATA / folder).exists()]
+    if missing:
+        raise SystemExit(f"B7 needs {missing} under {SHARED_DATA}; leave those datasets out with --datasets")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    log = RunLog(path=args.out.with_name(args.out.stem + "_runs.jsonl"), key_fields=KEY_FIELDS)
+    previous = json.loads(args.out.read_text()) if args.report_only and args.out.exists() else {}
+    started = time.perf_counter()
+    folder = image_folder(args.folder_cache) if "mnist-folder-dirichlet" in datasets and not args.report_only else None
+    with tempfile.TemporaryDirectory() as results, LocalSimulation(app_dir=REPO) as sim:
+        for name in datasets:
+            dataset = DATASETS[name]
+            for seed in seeds:
+                for method in [m for m in args.methods if m in (dataset.methods or METHODS)]:
+                    fields = {"dataset": name, "method": method, "seed": seed, "rounds": rounds[name]}
+                    if args.report_only or log.get(fields) is not None:
+                        continue
+                    run_name = f"{name}-{method}-s{seed}"
+                    config = run_config(method, dataset, seed=seed, rounds=rounds[name], results=results,
+                                        name=run_name, folder=folder)  # fmt: skip
+                    outcome = sim.run(run_config=config, num_supernodes=dataset.clients, timeout_s=3600,
+                                      extra_federation=args.federation)  # fmt: skip
+                    result = {**fields, "wall-seconds": outcome.wall_seconds, "flower-status": outcome.status}
+                    if outcome.ok:
+                        result.update(summarise_run(Path(results) / run_name, method))
+                    else:
+                        print(outcome.log_tail, flush=True)
+                    log.append(result)
+                    print(f"[{time.perf_counter() - started:6.0f} s] {name} seed {seed} {method}: "
+                          f"{outcome.status}, acc {fmt(100 * result['accuracy'] if result.get('accuracy') else None)}"
+                          f" ({outcome.wall_seconds:.0f} s)", flush=True)  # fmt: skip
+    report = {
+        "benchmark": "B7",
+        "quick": args.quick,
+        "seeds": seeds,
+        "shared": SHARED,
+        "method-keys": {m: {"keys": METHOD_KEYS.get(m, ({}, ""))[0], "why": METHOD_KEYS.get(m, ({}, ""))[1]}
+                        for m in METHODS},  # fmt: skip
+        "published": {"source": "PFLlib benchmark, FMNIST, pathological split, 20 clients", "accuracy": PUBLISHED},
+        "federation": args.federation,
+        "machine": previous.get("machine", machine()),
+        "date": previous.get("date", time.strftime("%Y-%m-%d")),
+        "total-minutes": sum(r["wall-seconds"] for r in log.results.values()
+                             if r["dataset"] in datasets and r["seed"] in seeds) / 60,  # fmt: skip
+        "datasets": report_of(list(log.results.values()), datasets, seeds, rounds),
+    }
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
