@@ -7,8 +7,8 @@ To stay within 5 minutes on 2 cores, two deployments run side by side, each in a
 worker thread that the module fixture starts at once:
 
 - ``secure``: TLS and SuperNode authentication, 2 enrolled SuperNodes and one
-  whose key nobody registered; the four strategies, 2 rounds each, submitted
-  together.
+  whose key nobody registered; every registered method, 2 rounds each with one
+  node training a round, submitted together.
 - ``lossy``: insecure, 3 SuperNodes, fedavg for 3 rounds; one SuperNode is
   SIGKILLed once round 1 is recorded.
 
@@ -58,6 +58,9 @@ def two_round_config(strategy: str, results: Path) -> dict:
         config.update({"central-eval": False, "fraction-evaluate": 1.0, "eval-every": 2})
     if accepts(config, {"preflight": False}):  # skip the preflight's ClientApp process per node, unless the method
         config["preflight"] = False  # needs it (diffusion's node map)
+    one_trainer = {"fraction-fit": 0.5, "min-fit-clients": 1}  # a ClientApp process per round saved; both nodes
+    if accepts(config, one_trainer):  # still answer the properties query, and FedRep's and FedPer's evaluation
+        config.update(one_trainer)
     return config
 
 
