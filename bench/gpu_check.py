@@ -84,7 +84,7 @@ def every_method(device: str, rounds: int = 2) -> dict[str, str]:
     """
     outcomes = {}
     for name, method in METHODS.items():
-        config = {**method.contract.example, "device": device, "min-available-clients": 4, "preflight": False,
+        config = {**method.contract.example, "device": device, "min-available-clients": 4,
                   "num-server-rounds": rounds, "eval-every": rounds}  # fmt: skip
         try:
             run = InProcessRun(run_config=config, num_clients=4)
