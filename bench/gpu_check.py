@@ -90,11 +90,8 @@ def every_method(device: str, rounds: int = 2) -> dict[str, str]:
             run = InProcessRun(run_config=config, num_clients=4)
             for _ in range(rounds):
                 metrics = run.step()
-            strategy = run.strategy
-            evaluations = strategy.configure_evaluate(rounds, run.parameters, run.manager)
-            replies = [(proxy, proxy.evaluate(ins, None, None)) for proxy, ins in evaluations]
-            _, evaluated = strategy.aggregate_evaluate(rounds, replies, [])
-            failed = strategy.record.get("clients-failed", 0) + evaluated.get("eval-clients-failed", 0)
+            evaluated = run.evaluate()
+            failed = run.strategy.record.get("clients-failed", 0) + evaluated.get("eval-clients-failed", 0)
             outcomes[name] = "ok" if not failed and "train-loss" in metrics else f"{failed} failed replies"
         except Exception as err:  # the report names every method's outcome, failed ones too
             outcomes[name] = f"{type(err).__name__}: {err}"

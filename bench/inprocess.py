@@ -109,6 +109,12 @@ class InProcessRun:
             self.parameters = parameters
         return metrics
 
+    def evaluate(self) -> dict:
+        """The evaluation of the round just run, if it is an evaluation round; the aggregated metrics ({} if not)."""
+        instructions = self.strategy.configure_evaluate(self.round, self.parameters, self.manager)
+        results = [(proxy, proxy.evaluate(ins, None, None)) for proxy, ins in instructions]
+        return self.strategy.aggregate_evaluate(self.round, results, [])[1] if results else {}
+
     def run(self, rounds: int, after_round: Callable[[int, FederatedStrategy], None]) -> None:
         """``rounds`` rounds, calling ``after_round(round, strategy)`` after each."""
         for _ in range(rounds):
