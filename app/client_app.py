@@ -11,11 +11,14 @@ from flwr.common import Context
 from app import message_cost
 from app.config import ConfigError, parse_settings
 from app.registry import METHODS
+from app.workdir import serve_workers_from_the_fab
 from clients.base import TorchClient
 from clients.models import build_model
 from clients.state import ClientState
 from clients.unavailable import UnavailableClient
 from datasets import USER_DATASETS, load_client_data, load_node_data
+
+serve_workers_from_the_fab()  # before Flower starts Ray: its workers then import this run's code
 
 
 @dataclass(frozen=True)

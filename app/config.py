@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from pathlib import Path
 
 from app.registry import CONTRACTS
+from app.workdir import resolved
 from clients.models import build_model
 from datasets import dataset_shape
 from strategies.contracts.common import (
@@ -188,8 +188,9 @@ def check_on_server(settings: Settings) -> None:
     settings.method.check_on_server()
     check_model(settings)
     resume_from = settings.execution.resume_from
-    if resume_from and not Path(resume_from).expanduser().exists():
-        raise ConfigError(f"run config key 'resume-from': {resume_from!r} does not exist")
+    if resume_from and not resolved(resume_from).exists():
+        raise ConfigError(f"run config key 'resume-from': {resume_from!r} ({resolved(resume_from)}) does not exist; "
+                          "a relative path is taken under ~/stamen/, like results-dir")  # fmt: skip
 
 
 def ignored_keys(

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 from flwr.common.logger import log
 
+from app.provenance import data_provenance
+from app.workdir import resolved
 from strategies.checkpoint import FILE_NAME, Checkpoint, save_checkpoint
 
 
@@ -32,11 +34,12 @@ def _jsonable(value: object) -> object:
 def run_directory(results_dir: str, run_name: str, default_name: str) -> Path:
     """``<results-dir>/<run-name>`` as an absolute path; a fresh timestamped name by default.
 
-    A relative ``results-dir`` is resolved against the server process's working
-    directory (for ``flwr run .`` that is where the local SuperLink was started).
+    A relative ``results-dir`` is taken under ``~/stamen/`` (:func:`app.workdir.resolved`),
+    never under a working directory: with ``flwr run .`` that is the folder where a
+    reused local SuperLink was started, which the command does not tell.
     """
     name = run_name or f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path = Path(results_dir).expanduser().resolve() / name
+    path = resolved(results_dir).resolve() / name
     suffix = 1
     while not run_name and path.exists():  # two runs in the same second
         path = path.with_name(f"{name}-{suffix}")
@@ -57,13 +60,22 @@ class ResultWriter:
         Continue a run resumed from its checkpoint after this round: the records of
         later rounds (written after the checkpoint, before the run stopped) are
         dropped, since the resumed run repeats those rounds. ``None`` starts afresh.
+    provenance
+        Which code, versions and machine make the run (:func:`app.provenance.run_provenance`):
+        written to ``run.json`` at once and, with the fingerprint of the clients' data,
+        into ``summary.json``.
 
     """
 
-    def __init__(self, *, run_dir: Path, settings: dict, resume_after: int | None = None) -> None:
+    def __init__(self, *, run_dir: Path, settings: dict, resume_after: int | None = None,
+                 provenance: dict | None = None) -> None:  # fmt: skip
         self.run_dir = run_dir
         self.settings = settings
+        self.provenance = provenance
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if provenance is not None:  # written first, so even a run that dies early says what made it
+            name = "run.json" if resume_after is None else f"run-resumed-after-{resume_after}.json"
+            (run_dir / name).write_text(json.dumps({"settings": settings, "provenance": provenance}, indent=2) + "\n")
         self.metrics_path = run_dir / "metrics.jsonl"
         self.rounds: list[dict] = []
         if resume_after is None:
@@ -101,6 +113,8 @@ class ResultWriter:
     def write_summary(self, summary: dict) -> Path:
         """``<run_dir>/summary.json``: the run's settings, ``summary`` and where the results are."""
         payload = {"settings": self.settings, **summary, "results-dir": str(self.run_dir)}
+        if self.provenance is not None:
+            payload["provenance"] = {**self.provenance, "data": data_provenance(summary.get("nodes", []))}
         path = self.run_dir / "summary.json"
         path.write_text(json.dumps(_jsonable(payload), indent=2) + "\n")
         return path

@@ -13,8 +13,10 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
 
 from app.config import ConfigError, Settings, check_on_server, ignored_keys, ignored_keys_line, parse_settings
+from app.provenance import run_provenance
 from app.registry import METHODS
 from app.results import ResultWriter, run_directory
+from app.workdir import resolved
 from clients.base import torch_device
 from clients.models import build_model, parameter_count
 from clients.training import accuracy_and_loss, to_tensor
@@ -83,7 +85,7 @@ def checkpoint_to_resume(settings: Settings) -> Checkpoint:
 
     """
     try:
-        checkpoint = load_checkpoint(settings.execution.resume_from)
+        checkpoint = load_checkpoint(str(resolved(settings.execution.resume_from)))
     except CheckpointError as err:
         raise ConfigError(f"run config key 'resume-from': {err}") from err
     stored = checkpoint.state.get("settings", {})
@@ -121,14 +123,15 @@ def server_fn(context: Context) -> ServerAppComponents:
                                 f"{settings.run.strategy}-{settings.data.dataset}")  # fmt: skip
         resume_after = None
     else:  # a resumed run continues in the checkpoint's folder, its records and round numbers
-        run_dir = checkpoint_file(settings.execution.resume_from).parent
+        run_dir = checkpoint_file(str(resolved(settings.execution.resume_from))).parent
         resume_after = checkpoint.round
         log(INFO, "stamen: resuming %s after round %d", run_dir, checkpoint.round)
     strategy = METHODS[settings.run.strategy].strategy(
         settings=settings,
         initial_parameters=parameters,
         array_names=names,
-        recorder=ResultWriter(run_dir=run_dir, settings=settings.as_run_config(), resume_after=resume_after),
+        recorder=ResultWriter(run_dir=run_dir, settings=settings.as_run_config(), resume_after=resume_after,
+                              provenance=run_provenance(settings.execution.device)),
         central_evaluation=central_evaluation,
     )
     if checkpoint is not None:

@@ -28,6 +28,7 @@ from flwr.server.client_proxy import ClientProxy  # noqa: E402
 from app.config import parse_settings  # noqa: E402
 from bench.common import machine  # noqa: E402
 from clients.models import build_model, parameter_count  # noqa: E402
+from strategies.contracts.code import code_identity  # noqa: E402
 from strategies.diffusion import Diffusion  # noqa: E402
 
 MODELS = (("linear", (10,), 0), ("logreg", (1, 28, 28), 10), ("mlp", (1, 28, 28), 10),
@@ -40,7 +41,7 @@ class Agent(ClientProxy):
 
     def __init__(self, cid: str, agent: int, num_agents: int) -> None:
         super().__init__(cid)
-        self.properties = {"partition-id": agent, "num-partitions": num_agents}
+        self.properties = {"partition-id": agent, "num-partitions": num_agents, **code_identity()}
 
     def get_properties(self, ins, timeout, group_id):
         return GetPropertiesRes(OK, self.properties)

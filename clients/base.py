@@ -32,9 +32,11 @@ from clients.training import (
 )
 from clients.unavailable import UnavailableClient
 from datasets import ClientData, class_counts
+from strategies.contracts.code import code_identity
 from strategies.contracts.common import (
     ACCURACY,
     DATA_DIR,
+    DATA_FINGERPRINT,
     GLOBAL_ACCURACY,
     GLOBAL_LOSS,
     GRAD_EVALS,
@@ -171,7 +173,8 @@ class TorchClient(NumPyClient):
         self.use_data(data)
 
     def use_data(self, data: ClientData) -> None:
-        """Hold ``data``'s arrays, on this client's device."""
+        """Hold ``data``'s arrays, on this client's device (and ``data`` itself, for its fingerprint)."""
+        self.data = data
         self.train_x = to_tensor(data.train_x, self.device)
         self.train_y = torch.as_tensor(data.train_y, device=self.device)
         self.test_x = to_tensor(data.test_x, self.device)
@@ -269,7 +272,8 @@ class TorchClient(NumPyClient):
         raised: Flower would print a traceback per client (see ``clients/unavailable.py``).
         """
         properties = {PARTITION_ID: self.partition_id, NUM_PARTITIONS: self.num_partitions, DATA_DIR: self.data_dir,
-                      NUM_TRAIN: len(self.train_y), NUM_TEST: len(self.test_y), RAY_NODE: ray_node()}  # fmt: skip
+                      NUM_TRAIN: len(self.train_y), NUM_TEST: len(self.test_y), RAY_NODE: ray_node(),
+                      DATA_FINGERPRINT: self.data.fingerprint(), **code_identity()}  # fmt: skip
         if not self.train_y.is_floating_point():  # classifiers: which classes this client holds
             for name, labels in ((TRAIN_CLASSES, self.train_y), (TEST_CLASSES, self.test_y)):
                 counts = class_counts(labels.cpu().numpy(), 0)

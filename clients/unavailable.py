@@ -15,6 +15,7 @@ import numpy as np
 from flwr.client import NumPyClient
 
 from datasets import LocalDataError
+from strategies.contracts.code import code_identity
 from strategies.contracts.common import (
     DATA_DIR,
     NUM_PARTITIONS,
@@ -64,7 +65,8 @@ class UnavailableClient(NumPyClient):
 
     def get_properties(self, config: dict) -> dict:
         return {PARTITION_ID: self.partition_id, NUM_PARTITIONS: self.num_partitions, DATA_DIR: self.data_dir,
-                PREFLIGHT_ERROR: self.reason, PREFLIGHT_DETAIL: self.detail, PREFLIGHT_SCOPE: self.scope}  # fmt: skip
+                PREFLIGHT_ERROR: self.reason, PREFLIGHT_DETAIL: self.detail, PREFLIGHT_SCOPE: self.scope,
+                **code_identity()}  # fmt: skip
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         raise RuntimeError(f"this node cannot train: {self.reason}")

@@ -27,8 +27,10 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 
+from strategies.contracts.code import CODE_FINGERPRINT, CODE_LOCATION, code_identity, code_mismatch
 from strategies.contracts.common import (
     DATA_DIR,
+    DATA_FINGERPRINT,
     NUM_PARTITIONS,
     NUM_TEST,
     NUM_TRAIN,
@@ -45,6 +47,13 @@ WAIT_S = 600  # how long to wait for nodes to connect
 REPLY_S = 300  # a node that has not answered by then counts as unable to start
 WORKERS = 8
 LISTED_NODES = 10  # the preflight logs one line per node up to this many, else a summary line
+STALE = "stale code"  # the preflight detail of a node refused for running other stamen code
+RUN_HINT = (
+    ": a run must not mix two versions of stamen. With `flwr run .` this means a local SuperLink started in another "
+    "folder serves this run and its clients import that folder's code; stop that SuperLink or give this run its own "
+    "(docs/troubleshooting.md#two-checkouts has the commands)"
+)
+DEVICE_HINT = ": this device is left out; restart its SuperNode so that it runs the app of this run"
 
 
 class NodeDirectory:
@@ -53,7 +62,8 @@ class NodeDirectory:
     ``excluded`` holds the nodes left out of the run (node id -> why).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, code: dict[str, str] | None = None) -> None:
+        self.code = code if code is not None else code_identity()  # the server's: every node must run the same
         self.properties: dict[str, dict[str, Scalar]] = {}
         self.excluded: dict[str, str] = {}
         self.sampled: list[dict[str, Scalar]] = []  # a sampled preflight's answers (the data report's sample)
@@ -90,7 +100,7 @@ class NodeDirectory:
         proxies = list(client_manager.all().values())
         if 0 < sample < len(proxies) and self._sampled_preflight(proxies, config, sample, seed):
             return None
-        answers = _ask(proxies, config)
+        answers = [self.screen_code(a) for a in _ask(proxies, config)]
         problems = [(p, a) for p, a in zip(proxies, answers, strict=True) if problem_of(a) is not None]
         own_data = [(p, a) for p, a in problems if scope_of(a) == "node"]
         if len(problems) > len(own_data) or (own_data and len(own_data) == len(proxies)):
@@ -124,7 +134,7 @@ class NodeDirectory:
         ordered = sorted(proxies, key=lambda proxy: proxy.cid)
         chosen = np.random.default_rng([seed, 7]).choice(len(ordered), size=sample, replace=False)
         asked = [ordered[i] for i in sorted(chosen)]
-        answers = _ask(asked, config)
+        answers = [self.screen_code(a) for a in _ask(asked, config)]
         problems = [(p, a) for p, a in zip(asked, answers, strict=True) if problem_of(a) is not None]
         if problems:
             raise PreflightError(condensed(problems, len(asked)), details(problems))
@@ -140,6 +150,22 @@ class NodeDirectory:
             "numbers the nodes 0-%d and each serves the partition it is sent", sample, len(ordered),
             len(ordered) - 1)  # fmt: skip
         return True
+
+    def screen_code(self, answer: dict[str, Scalar] | Exception) -> dict[str, Scalar] | Exception:
+        """``answer``, or a problem answer when the node runs other stamen code than the server.
+
+        A deployed node (one not simulated on Ray) that runs other code is left out
+        (scope ``node``): only that device is stale. A simulated node means that the run
+        itself mixes code (scope ``run``: it stops).
+        """
+        if isinstance(answer, Exception):
+            return answer
+        mismatch = code_mismatch(answer, fingerprint=self.code[CODE_FINGERPRINT], location=self.code[CODE_LOCATION])
+        if mismatch is None:
+            return answer
+        device = not answer.get(RAY_NODE)
+        return {**answer, PREFLIGHT_ERROR: mismatch + (DEVICE_HINT if device else RUN_HINT),
+                PREFLIGHT_SCOPE: "node" if device else "run", PREFLIGHT_DETAIL: STALE}  # fmt: skip
 
     def admit(self, answers: list[tuple[ClientProxy, dict[str, Scalar]]]) -> None:
         """Keep the nodes' answers; number the nodes without a partition after the highest number in use."""
@@ -169,7 +195,11 @@ class NodeDirectory:
             proxies = self._not_excluded(client_manager)
         new = [proxy for cid, proxy in proxies.items() if cid not in self.properties]
         usable = []
-        for proxy, answer in zip(new, _ask(new, {}), strict=True):
+        answers = [self.screen_code(a) for a in _ask(new, {})]
+        stale = [(p, a) for p, a in zip(new, answers, strict=True) if a is not None and is_stale_run(a)]
+        if stale:  # without a preflight, round 1 is where a run that mixes two stamens is found: it stops here
+            raise PreflightError(condensed(stale, len(new)), details(stale))
+        for proxy, answer in zip(new, answers, strict=True):
             problem = problem_of(answer)
             if problem is None:
                 usable.append((proxy, answer))
@@ -211,6 +241,8 @@ class NodeDirectory:
             if answer.get(DATA_DIR):
                 entry[DATA_DIR] = str(answer[DATA_DIR])
             entry.update({NUM_TRAIN: int(answer.get(NUM_TRAIN, 0)), NUM_TEST: int(answer.get(NUM_TEST, 0))})
+            if answer.get(DATA_FINGERPRINT):
+                entry[DATA_FINGERPRINT] = str(answer[DATA_FINGERPRINT])
             for key in (TRAIN_CLASSES, TEST_CLASSES):
                 if key in answer:
                     entry[key] = named_counts(str(answer[key]), class_names)
@@ -328,6 +360,11 @@ class PreflightError(RuntimeError):
         super().__init__("stamen preflight: " + "; ".join(lines))
         self.lines = lines
         self.detail = detail
+
+
+def is_stale_run(answer: dict[str, Scalar] | Exception) -> bool:
+    """Whether ``answer`` is :meth:`NodeDirectory.screen_code`'s refusal of a run that mixes two stamens."""
+    return isinstance(answer, dict) and answer.get(PREFLIGHT_DETAIL) == STALE and answer.get(PREFLIGHT_SCOPE) == "run"
 
 
 def problem_of(answer: dict[str, Scalar] | Exception) -> str | None:

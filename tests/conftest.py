@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +14,15 @@ from flwr.server.client_proxy import ClientProxy
 
 from app.config import parse_settings
 from datasets import ClientData
+from strategies.contracts.code import code_identity
 
 REPO = Path(__file__).resolve().parents[1]
+# Every process the suite starts inherits this mark (the launchers copy os.environ), so the session's end can
+# find any Flower or Ray process it left running, and only those.
+SESSION_MARK = "STAMEN_TEST_SESSION"
+FLOWER_PROCESSES = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr-clientapp", "flwr-serverapp",
+                    "flwr-simulation", "raylet", "gcs_server", "ray::")  # fmt: skip
+LEFT_RUNNING_GRACE_S = 30.0  # a process being stopped at the end of the last test may take a moment
 SHARED_DATA = Path(os.environ.get("STAMEN_SHARED_DATA", REPO.parent / "shared" / "data"))
 OK = Status(code=Code.OK, message="")
 
@@ -47,7 +56,7 @@ class FakeProxy(ClientProxy):
         self.partition = int(cid) if partition is None else partition
 
     def get_properties(self, ins, timeout, group_id):
-        return GetPropertiesRes(OK, {"partition-id": self.partition, "num-partitions": 0})
+        return GetPropertiesRes(OK, {"partition-id": self.partition, "num-partitions": 0, **code_identity()})
 
     def get_parameters(self, ins, timeout, group_id):
         raise NotImplementedError
@@ -60,3 +69,52 @@ class FakeProxy(ClientProxy):
 
     def reconnect(self, ins, timeout, group_id):
         raise NotImplementedError
+
+
+def pytest_sessionstart(session):
+    os.environ[SESSION_MARK] = f"{os.getpid()}-{time.time_ns()}"
+
+
+def started_by_this_session() -> dict[int, str]:
+    """pid -> command line of each live Flower or Ray process carrying this session's mark (Linux /proc)."""
+    mark = f"{SESSION_MARK}={os.environ.get(SESSION_MARK)}".encode()
+    found = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if int(proc.name) == os.getpid() or mark not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            if (proc / "stat").read_text().split(") ")[-1].startswith("Z"):
+                continue  # a zombie is dead already, its parent has yet to reap it
+        except (OSError, ValueError):
+            continue
+        if any(name in command for name in FLOWER_PROCESSES):
+            found[int(proc.name)] = command
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the session if any SuperLink, SuperNode, SuperExec, ClientApp or Ray process it started is still running."""
+    if not Path("/proc/self/environ").exists():
+        return
+    deadline = time.monotonic() + LEFT_RUNNING_GRACE_S
+    left = started_by_this_session()
+    while left and time.monotonic() < deadline:
+        time.sleep(1.0)
+        left = started_by_this_session()
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"the test session left {len(left)} process(es) running (now stopped):"]
+    lines += [f"  {pid}: {command[:200]}" for pid, command in sorted(left.items())]
+    for line in lines:
+        if reporter is None:
+            print(line)
+        else:
+            reporter.write_line(line, red=True)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

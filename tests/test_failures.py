@@ -22,6 +22,7 @@ from app.config import ConfigError, check_on_server, ignored_keys, parse_setting
 from clients.base import torch_device
 from datasets import DataUnavailableError
 from datasets.leaf import load_femnist
+from strategies.contracts.code import code_identity
 from strategies.fedavg import FedAvg
 from strategies.nodes import ranges
 from strategies.recorder import NullRecorder
@@ -59,7 +60,7 @@ class AnsweringProxy(FakeProxy):
         self.error = error
 
     def get_properties(self, ins, timeout, group_id):
-        properties = {"partition-id": self.partition, "num-partitions": 12}
+        properties = {"partition-id": self.partition, "num-partitions": 12, **code_identity()}
         if self.error:
             properties |= {"preflight-error": self.error, "preflight-detail": f"Traceback ...\n{self.error}"}
         return GetPropertiesRes(super().get_properties(ins, timeout, group_id).status, properties)

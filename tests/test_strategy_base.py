@@ -4,6 +4,7 @@ from conftest import OK, FakeProxy, settings
 from flwr.common import EvaluateRes, FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 
+from strategies.contracts.code import code_identity
 from strategies.contracts.common import FIT_METRICS
 from strategies.fedavg import FedAvg
 from strategies.perfedavg import PerFedAvg
@@ -167,7 +168,7 @@ def test_preflight_asks_every_client_and_stops_the_run_with_their_reasons():
     healthy.register(StartingProxy("1"))
     initial = strategy.global_parameters
     assert strategy.initialize_parameters(healthy) is initial
-    assert strategy.nodes.properties == {"1": {"partition-id": 1, "num-partitions": 0}}
+    assert strategy.nodes.properties == {"1": {"partition-id": 1, "num-partitions": 0, **code_identity()}}
 
 
 def test_uniform_aggregation_ignores_example_counts():
@@ -314,7 +315,8 @@ class OneGrid:
             if node in self.failing:
                 reply = Message(Error(code=0, reason=f"client {node} crashed"), reply_to=message)
             else:
-                res = GetPropertiesRes(Status(Code.OK, ""), {"partition-id": node - 100, "num-partitions": 0})
+                res = GetPropertiesRes(Status(Code.OK, ""), {"partition-id": node - 100, "num-partitions": 0,
+                                                              **code_identity()})
                 reply = Message(compat.getpropertiesres_to_recorddict(res), reply_to=message)
             reply.metadata.__dict__["_src_node_id"] = node
             replies.append(reply)

@@ -8,6 +8,7 @@ contract. A run-config key belongs to exactly one group.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from datasets import (
     DATASETS,
@@ -51,6 +52,7 @@ PREFLIGHT_ERROR, PREFLIGHT_DETAIL, PREFLIGHT_SCOPE = "preflight-error", "preflig
 # What every node reports of its data: its own data-dir (deployed devices), sizes, and "index:count ..." per split.
 DATA_DIR, NUM_TRAIN, NUM_TEST = "data-dir", "num-train", "num-test"
 TRAIN_CLASSES, TEST_CLASSES = "train-classes", "test-classes"
+DATA_FINGERPRINT = "data-fingerprint"  # SHA-256 of a node's arrays (ClientData.fingerprint): which data it trained on
 RAY_NODE = "ray-node"  # the Ray node id a simulated client answered the preflight on ("" outside Ray)
 SMALL_BATCH = "small-batch"  # 1 when a batch size exceeded the client's training set and min(b, n) was used
 
@@ -139,6 +141,10 @@ class DataSettings(KeyedSettings):
                     parse(text)
                 except ValueError as err:
                     raise ConfigError(f"run config key {name!r}: {err}") from err
+        if self.data_dir and not Path(self.data_dir).expanduser().is_absolute():
+            raise ConfigError(f"run config key 'data-dir': {self.data_dir!r} is relative; give an absolute path "
+                              "(e.g. data-dir=\"'$PWD/...'\"): every node would resolve it in its own working "
+                              "directory, which for `flwr run .` is wherever the local SuperLink was started")
         if self.dataset in NEEDS_DATA_DIR and not self.data_dir:
             raise ConfigError(f"run config key 'data-dir' must be set for dataset {self.dataset!r} "
                               "(a folder with its files)")  # fmt: skip
@@ -194,11 +200,12 @@ class ExecutionSettings(KeyedSettings):
     device: str = key("auto", "auto (CUDA when available), cpu or cuda", choices=DEVICES)
     num_threads: int = key(1, "torch threads per client process (0: torch's default)", at_least=0)
     server_threads: int = key(64, "messages the server keeps in flight at once", at_least=1)
-    results_dir: str = key("results", "results go to <results-dir>/<run-name>/ (relative: the server's directory)")
+    results_dir: str = key("results", "results go to <results-dir>/<run-name>/ (a relative path: under ~/stamen/)")
     run_name: str = key("", "empty: <strategy>-<dataset>-<timestamp>")
     checkpoint_every: int = key(0, "write <run folder>/checkpoint.npz every k rounds and after the last (0 = never)",
                                 at_least=0)  # fmt: skip
-    resume_from: str = key("", "a checkpoint.npz (or its run folder): continue that run, in that folder")
+    resume_from: str = key("", "a checkpoint.npz (or its run folder; relative: under ~/stamen/): continue that run, "
+                           "in that folder")
 
 
 SHARED_GROUPS: tuple[type[KeyedSettings], ...] = (RunSettings, DataSettings, TrainingSettings, ExecutionSettings)
