@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from importlib import metadata
 
 import pytest
 from conftest import REPO
+from test_provenance import PACKAGES
 
 from app.launcher import LocalSimulation
 from app.registry import METHODS
+from strategies.contracts.code import code_fingerprint
 
 pytestmark = pytest.mark.e2e
 ROUNDS, CLIENTS = 2, 4
@@ -39,7 +42,7 @@ def finished_runs(tmp_path_factory):
     configs["fathom-3"] = {**config, **METHODS["fathom"].contract.example, "num-server-rounds": 3,
                            "fraction-fit": 1.0, "run-name": "fathom-3"}  # fmt: skip
     failing = {"too-big", "big-batch"}
-    with LocalSimulation(app_dir=REPO) as sim:
+    with LocalSimulation(app_dir=REPO, workdir=REPO) as sim:  # a SuperLink started in the checkout, as by `flwr run .`
         outcomes = sim.run_many(configs, num_supernodes=CLIENTS, ahead=AHEAD, timeout_s=300)
         marker = str(sim.home)
     runs = {name: (outcome, None if name in failing else results / name) for name, outcome in outcomes.items()}
@@ -70,6 +73,30 @@ def test_every_method_runs_its_example_and_records_every_round(finished_runs, na
 
 def test_run_leaves_no_process(finished_runs):
     assert subprocess.run(["pgrep", "-f", finished_runs[1]], capture_output=True).stdout == b""
+
+
+def test_the_results_say_which_code_data_and_versions_made_them(finished_runs):
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        pytest.skip(f"{REPO} is not a git checkout")
+    run_dir = finished_runs[0]["perfedavg"][1]
+    run = json.loads((run_dir / "run.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    provenance = summary["provenance"]
+    assert run["provenance"] == {k: v for k, v in provenance.items() if k != "data"}
+    code = provenance["code"]
+    assert code["git-checkout"] == str(REPO) and code["git-commit"] == commit
+    assert code["git-dirty"] == bool(git("status", "--porcelain", "--", *PACKAGES, "pyproject.toml"))
+    assert code["fingerprint"] == code_fingerprint(REPO) and code["from-fab"]
+    assert set(provenance["versions"]) == {"stamen", "python", "flwr", "torch", "numpy", "ray"}
+    assert provenance["versions"]["flwr"] == metadata.version("flwr")
+    assert provenance["machine"]["cpus"] >= 1 and provenance["machine"]["device"] == summary["settings"]["device"]
+    data = provenance["data"]
+    assert data["clients"] == CLIENTS == len({node["data-fingerprint"] for node in summary["nodes"]})
+    assert data["train-examples"] == sum(node["num-train"] for node in summary["nodes"])
 
 
 def test_perfedavg_records_its_work_and_personalised_accuracy(finished_runs):
