@@ -196,9 +196,9 @@ class NodeDirectory:
         new = [proxy for cid, proxy in proxies.items() if cid not in self.properties]
         usable = []
         answers = [self.screen_code(a) for a in _ask(new, {})]
-        stale = [(p, a) for p, a in zip(new, answers, strict=True) if a is not None and is_stale_run(a)]
+        stale = [(p, a) for p, a in zip(new, answers, strict=True) if is_stale_run(a)]
         if stale:  # without a preflight, round 1 is where a run that mixes two stamens is found: it stops here
-            raise PreflightError(condensed(stale, len(new)), details(stale))
+            raise MixedCodeError(condensed(stale, len(new)), details(stale))
         for proxy, answer in zip(new, answers, strict=True):
             problem = problem_of(answer)
             if problem is None:
@@ -360,6 +360,13 @@ class PreflightError(RuntimeError):
         super().__init__("stamen preflight: " + "; ".join(lines))
         self.lines = lines
         self.detail = detail
+
+
+class MixedCodeError(PreflightError):
+    """Round 1 of a run without a preflight found simulated clients running other stamen code than the server."""
+
+    def __str__(self) -> str:
+        return "stamen: before round 1: " + "; ".join(self.lines)
 
 
 def is_stale_run(answer: dict[str, Scalar] | Exception) -> bool:

@@ -29,7 +29,7 @@ from clients.fedavg import FedAvgClient
 from clients.models import build_model
 from datasets import load_client_data
 from strategies.contracts.code import CODE_FILES, code_fingerprint, code_identity, code_mismatch
-from strategies.nodes import NodeDirectory, PreflightError
+from strategies.nodes import MixedCodeError, NodeDirectory, PreflightError
 
 PACKAGES = ("app", "clients", "strategies", "datasets")
 ELSEWHERE = {"code-fingerprint": "f" * 64, "code-location": "/elsewhere/stamen"}
@@ -132,7 +132,7 @@ def test_a_device_running_other_code_is_left_out_and_the_run_goes_on():
 def test_without_a_preflight_round_1_finds_mixed_code_and_stops_before_any_training():
     nodes = NodeDirectory()
     assert set(nodes.connected(manager_of(ReportingProxy("0"), ReportingProxy("1")))) == {0, 1}
-    with pytest.raises(PreflightError, match="/elsewhere/stamen"):
+    with pytest.raises(MixedCodeError, match="^stamen: before round 1: 1 of 1 clients .*/elsewhere/stamen"):
         nodes.connected(manager_of(ReportingProxy("0"), ReportingProxy("1"), ReportingProxy("2", code=ELSEWHERE)))
     device = ReportingProxy("7", code=ELSEWHERE, ray_node="")  # a deployed node: only it is stale
     assert set(nodes.connected(manager_of(ReportingProxy("0"), device))) == {0}
