@@ -28,7 +28,7 @@ from app.results import ResultWriter, run_directory
 from clients.fedavg import FedAvgClient
 from clients.models import build_model
 from datasets import load_client_data
-from strategies.contracts.code import CODE_FILES, code_fingerprint, code_identity, code_mismatch
+from strategies.contracts.code import CODE_FILES, code_fingerprint, code_identity, code_mismatch, folder_fingerprint
 from strategies.nodes import MixedCodeError, NodeDirectory, PreflightError
 
 PACKAGES = ("app", "clients", "strategies", "datasets")
@@ -60,13 +60,13 @@ def test_the_fingerprint_follows_the_files_not_the_folder(tmp_path):
     assert code_fingerprint(first) == code_fingerprint(second) == code_fingerprint(REPO)
     (second / "app" / "__pycache__").mkdir(exist_ok=True)
     (second / "app" / "__pycache__" / "stray.py").write_text("x = 1\n")  # not code a FAB carries
-    code_fingerprint.cache_clear()
+    folder_fingerprint.cache_clear()
     assert code_fingerprint(second) == code_fingerprint(first)
     change_a_function(second)
-    code_fingerprint.cache_clear()
+    folder_fingerprint.cache_clear()
     assert code_fingerprint(second) != code_fingerprint(first)
     (first / "strategies" / "extra.py").write_text("")  # a new module is new code
-    code_fingerprint.cache_clear()
+    folder_fingerprint.cache_clear()
     assert code_fingerprint(first) != code_fingerprint(REPO)
 
 

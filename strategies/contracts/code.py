@@ -27,15 +27,22 @@ def code_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-@lru_cache(maxsize=8)
 def code_fingerprint(root: Path | None = None) -> str:
     """SHA-256 over the relative path and contents of every file of :data:`CODE_FILES` under ``root``.
 
-    Two folders holding the same files get the same fingerprint wherever they are (a
-    checkout and the FAB built from it); cached per process, since the files a process
-    has imported do not change under it.
+    ``root`` defaults to :func:`code_root`. Two folders holding the same files get the
+    same fingerprint wherever they are (a checkout and the FAB built from it).
     """
-    root = code_root() if root is None else Path(root)
+    return folder_fingerprint((code_root() if root is None else Path(root)).resolve())
+
+
+@lru_cache(maxsize=8)
+def folder_fingerprint(root: Path) -> str:
+    """:func:`code_fingerprint` of a resolved folder, hashed once per process.
+
+    The files a process has imported do not change under it; keyed by the resolved
+    folder, so the default and an explicit :func:`code_root` share one entry.
+    """
     files = sorted({path for pattern in CODE_FILES for path in root.glob(pattern)
                     if path.is_file() and "__pycache__" not in path.parts})  # fmt: skip
     digest = hashlib.sha256()
