@@ -195,6 +195,10 @@ class LocalDeployment:
     workdir
         Holds ``flwr-home``, certificates, keys, the SuperLink database and logs; a
         fresh temporary folder (deleted on exit) by default.
+    warm
+        Start each SuperNode as a warm device (``python -m app.device``: the SuperNode
+        beside a SuperExec that forks each message's ClientApp from a process that
+        imported torch once) instead of ``flower-supernode`` alone.
 
     """
 
@@ -207,6 +211,7 @@ class LocalDeployment:
         node_auth: bool = False,
         workdir: Path | None = None,
         node_data: list[Path] | None = None,
+        warm: bool = False,
     ) -> None:
         if num_nodes < 1:
             raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
@@ -214,7 +219,7 @@ class LocalDeployment:
             raise ValueError(f"node_data names {len(node_data)} folders for {num_nodes} nodes")
         self.node_data = [Path(folder).resolve() for folder in node_data] if node_data else None
         self.app_dir = Path(app_dir).resolve()
-        self.num_nodes, self.tls, self.node_auth = num_nodes, tls, node_auth
+        self.num_nodes, self.tls, self.node_auth, self.warm = num_nodes, tls, node_auth, warm
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="stamen-deploy-")
         self.workdir = Path(workdir or self._tmp.name).resolve()
         self.home = self.workdir / "flwr-home"
@@ -271,13 +276,13 @@ class LocalDeployment:
             lines.append("insecure = true")
         (self.home / "config.toml").write_text("\n".join(lines) + "\n")
 
-    def _spawn(self, name: str, command: list[str]) -> Started:
+    def _spawn(self, name: str, command: list[str], *, env: dict[str, str] | None = None) -> Started:
         log_path = self.logs / f"{name}.log"
         handle = log_path.open("ab")
         # A new session per process: stopping its group also stops the ServerApp /
         # ClientApp subprocesses it started.
-        process = subprocess.Popen(command, env=self.env, cwd=self.workdir, stdout=handle, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(command, env=env or self.env, cwd=self.workdir, stdout=handle,
+                                   stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         handle.close()
         return Started(name=name, command=command, log_path=log_path, process=process)
 
@@ -287,13 +292,14 @@ class LocalDeployment:
             node_config = f"data-dir='{self.node_data[partition]}'"
         else:
             node_config = f"partition-id={partition} num-partitions={self.num_nodes}"
-        command = ["flower-supernode", *self._security(), "--superlink", self.address, "--port", str(free_port()),
-                   "--node-config", node_config]  # fmt: skip
+        options = [*self._security(), "--superlink", self.address, "--node-config", node_config]
         if self.certificates:
-            command += ["--root-certificates", str(self.certificates.ca_cert)]
+            options += ["--root-certificates", str(self.certificates.ca_cert)]
         if key:
-            command += ["--auth-supernode-private-key", str(key.private)]
-        return command
+            options += ["--auth-supernode-private-key", str(key.private)]
+        if self.warm:  # the device picks the port of its SuperNode's Runtime API itself
+            return [sys.executable, "-m", "app.device", *options]
+        return ["flower-supernode", *options, "--port", str(free_port())]
 
     def start_node(self, partition: int, *, register: bool = True, name: str = "") -> Started:
         """Start the SuperNode of ``partition``.
@@ -308,7 +314,9 @@ class LocalDeployment:
             key = make_node_key(self.workdir / "keys", name)
             if register:
                 self.flwr(["supernode", "register", str(key.public), CONNECTION])
-        node = self._spawn(name, self.node_command(partition, key=key))
+        # a warm device runs stamen's app.device from the app's folder (stamen's packages are not installed)
+        env = {**self.env, "PYTHONPATH": str(self.app_dir)} if self.warm else None
+        node = self._spawn(name, self.node_command(partition, key=key), env=env)
         if name == f"supernode-{partition}":
             self.nodes[partition] = node
         else:
@@ -362,10 +370,13 @@ class LocalDeployment:
         """The run's status as ``flwr ls`` reports it (``finished:completed`` when it succeeded)."""
         return self.flwr(["ls", "--run-id", run_id, CONNECTION])["runs"][0]["status"]
 
-    def submit(self, run_config: dict[str, object] | str) -> str:
-        """Submit the app with ``run_config`` (a dict, or ``--run-config`` text); returns the run id."""
+    def submit(self, run_config: dict[str, object] | str, *, app_dir: Path | None = None) -> str:
+        """Submit the app (``app_dir``, default the deployment's) with ``run_config``; returns the run id.
+
+        ``run_config`` is a dict, or ``--run-config`` text.
+        """
         text = run_config if isinstance(run_config, str) else run_config_text(run_config)
-        reply = self.flwr(["run", str(self.app_dir), CONNECTION, "--run-config", text])
+        reply = self.flwr(["run", str(app_dir or self.app_dir), CONNECTION, "--run-config", text])
         if not reply.get("success"):
             raise RuntimeError(f"flwr run refused the submission: {reply}")
         return str(reply["run-id"])
@@ -439,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--auth", action="store_true", help="enable SuperNode authentication (registers each key)")
     parser.add_argument("--run-config", default="", help='overrides, as for flwr run: "num-server-rounds=3 ..."')
     parser.add_argument("--workdir", type=Path, help="keep certificates, keys, logs and results here")
+    parser.add_argument("--warm", action="store_true",
+                        help="start each SuperNode as a warm device (python -m app.device): torch imported once")
     parser.add_argument("--serve", action="store_true", help="keep the deployment up until Ctrl-C instead of running")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the run (default 3600)")
     args = parser.parse_args(argv)
@@ -450,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     app_dir = Path(__file__).resolve().parent.parent
     num_nodes = len(args.node_data) if args.node_data else args.nodes
     with LocalDeployment(app_dir=app_dir, num_nodes=num_nodes, tls=args.tls, node_auth=args.auth,
-                         workdir=args.workdir, node_data=args.node_data) as deployment:  # fmt: skip
+                         workdir=args.workdir, node_data=args.node_data, warm=args.warm) as deployment:  # fmt: skip
         print("started:\n  " + "\n  ".join(deployment.commands()))
         print(f"FLWR_HOME={deployment.home} (connection {CONNECTION!r}); logs in {deployment.logs}")
         if args.serve:

@@ -6,7 +6,10 @@ work; a simulation worker pays them once. :func:`cost_mod`, a Flower client mod,
 appends one JSON line per message to ``$STAMEN_PROFILE`` with wall and CPU seconds of:
 
 - ``flower``: process start to the moment stamen's package began loading (interpreter,
-  Flower's imports and its connection; the first message of a process only);
+  Flower's imports and its connection; the first message of a process only); in a task
+  child of the warm executor (``app/warm_exec.py``), which starts with stamen imported,
+  the fork to the moment the message reaches stamen (Flower's task code: connection,
+  message, FAB);
 - ``imports``: loading ``app.client_app`` (torch and stamen; first message only);
 - ``data``: loading this node's data (when this message built the client);
 - ``build``: settings, model and client besides the data;
@@ -28,6 +31,8 @@ from flwr.common import Context, Message
 from app import IMPORT_STARTED
 
 PROFILE_ENV = "STAMEN_PROFILE"
+# Set by app.warm_exec in each task child it forks: the child's start (its CPU clock starts at 0 with the fork).
+FORKED_AT_ENV = "STAMEN_FORKED_AT"
 _marks: dict[str, tuple[float, float]] = {}
 _state = {"first": True}
 
@@ -68,10 +73,15 @@ def cost_mod(message: Message, context: Context, call_next: Callable[[Message, C
                                  "node": context.node_id, "first-in-process": _state["first"]}  # fmt: skip
     phases = {}
     if _state["first"]:
-        started = process_started()
-        phases["flower"] = {"wall": IMPORT_STARTED[0] - started if started else float("nan"),
-                            "cpu": IMPORT_STARTED[1]}  # fmt: skip
-        phases["imports"] = _span(IMPORT_STARTED, _marks.get("imported", IMPORT_STARTED))
+        forked_at = os.environ.get(FORKED_AT_ENV)
+        started = float(forked_at) if forked_at else process_started()
+        if forked_at and IMPORT_STARTED[0] < started:  # a warm fork: stamen was imported before this process began
+            phases["flower"] = {"wall": begin[0] - started, "cpu": begin[1]}
+            phases["imports"] = {"wall": 0.0, "cpu": 0.0}
+        else:
+            phases["flower"] = {"wall": IMPORT_STARTED[0] - started if started else float("nan"),
+                                "cpu": IMPORT_STARTED[1]}  # fmt: skip
+            phases["imports"] = _span(IMPORT_STARTED, _marks.get("imported", IMPORT_STARTED))
     rest = begin
     if "built" in _marks:
         phases["build"] = _span(begin, _marks["settings"])

@@ -1,24 +1,33 @@
-"""What one message costs a deployed device, before and after cutting what the app controls; simulation beside it.
+"""What one message costs a deployed device, cold (Flower's executor) and warm (``app.device``); simulation beside it.
 
-A SuperNode starts a fresh ``flwr-clientapp`` process for every message it gets. With
+A SuperNode with Flower's executor starts a fresh ``flwr-clientapp`` process for every
+message it gets; a warm device (``python -m app.device``, ``app/warm_exec.py``) forks
+each message's process from one that imported torch, numpy and Flower once. With
 ``STAMEN_PROFILE`` set, stamen's ClientApp appends each message's wall and CPU seconds
 per phase (``app/message_cost.py``): ``flower`` (process start, Flower's imports, the FAB
-and the message, up to stamen's import), ``imports`` (torch and stamen), ``data``,
-``build`` (settings, model, client) and ``work`` (training, evaluation or the
-preflight's check).
+and the message, up to stamen's import; in a warm child, the fork to the message reaching
+stamen), ``imports`` (torch and stamen), ``data``, ``build`` (settings, model, client)
+and ``work`` (training, evaluation or the preflight's check).
 
 Each case is a loopback deployment (``app.deploy.LocalDeployment``) of 2 or 4 SuperNodes,
 each with its own image folder of MNIST digits (200 training images, written by
 ``datasets.tools.device_folders``), running Per-FedAvg HF (tau 10, batches of 10) for
 ``--rounds`` rounds with every node training each round and evaluating in the last:
-``nodes * (rounds + 2)`` messages (preflight, fits, evaluations). ``before`` runs the app
-at ``--before`` (a git worktree; default: the commit that added the profile, before the
-cuts), ``after`` at HEAD; they alternate ``--repeats`` times. ``simulation`` runs the same
-work through Flower's simulation engine (``app.launcher.LocalSimulation``, the nodes'
-folders merged into one and split iid), where a Ray worker pays for its process and
-imports once. Medians are over every message of a case.
+``nodes * (rounds + 2)`` messages (preflight, fits, evaluations). ``now`` runs every
+SuperNode with Flower's executor, ``warm`` as a warm device, both at HEAD; they alternate
+``--repeats`` times. ``simulation`` runs the same work through Flower's simulation engine
+(``app.launcher.LocalSimulation``, the nodes' folders merged into one and split iid),
+where a Ray worker pays for its process and imports once. Medians are over every message
+of a case.
 
-    python bench/deploy_cost.py            # 2 and 4 SuperNodes, 2 repeats (~12 min): bench/results/deploy_cost.json
+Besides the ClientApp's phases, per device: the CPU-seconds of its whole process tree
+(SuperNode, SuperExec, fork server, every ClientApp process it reaped) per message, with
+and without what the device spent before the run (starting and importing), and the
+peak memory of that tree, sampled every 0.2 s: the sum of PSS (shared pages split
+between the processes that share them, so a fork server and its children are not
+counted twice) and, for reference, the sum of RSS.
+
+    python bench/deploy_cost.py            # 2 and 4 SuperNodes, 2 repeats (~15 min): bench/results/deploy_cost.json
     python bench/deploy_cost.py --quick    # 2 SuperNodes, 1 repeat, 2 rounds
 """
 
@@ -32,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -43,9 +53,10 @@ from app.deploy import LocalDeployment  # noqa: E402
 from app.launcher import FINISHED_OK, LocalSimulation  # noqa: E402
 from datasets.tools.device_folders import CLASSES, INPUT_SHAPE, make_device_folders  # noqa: E402
 
-BEFORE = "63c890c"  # the per-message profile, before the cuts (torchvision on every data load, all files in the FAB)
 PHASES = ("flower", "imports", "data", "build", "work")
+VARIANTS = ("now", "warm")
 TRAIN_PER_CLASS, TEST_PER_CLASS = 20, 5
+SAMPLE_EVERY_S = 0.2
 
 
 def run_config(rounds: int, results: Path, name: str) -> dict[str, object]:
@@ -82,31 +93,74 @@ def fab_bytes(app_dir: Path) -> int:
     return len(build_fab_from_disk(app_dir))
 
 
-def deployment_case(app_dir: Path, devices: list[Path], rounds: int, work: Path) -> dict:
+def deployment_case(app_dir: Path, devices: list[Path], rounds: int, work: Path, *, warm: bool) -> dict:
     profile, cache = work / "profile.jsonl", work / "cache"  # a fresh cache: each device decodes its folder once
     with Env(STAMEN_PROFILE=str(profile), STAMEN_CACHE_DIR=str(cache)):
         started = time.perf_counter()
-        with LocalDeployment(app_dir=app_dir, num_nodes=len(devices), node_data=devices,
+        with LocalDeployment(app_dir=app_dir, num_nodes=len(devices), node_data=devices, warm=warm,
                              workdir=work / "deployment") as deployment:  # fmt: skip
-            outcome = deployment.run(run_config(rounds, work / "results", "cost"), timeout_s=900)
-            node_cpu = [_node_cpu(node.process.pid) for node in deployment.nodes.values()]
+            roots = [node.process.pid for node in deployment.nodes.values()]
+            time.sleep(10)  # every device connected and (warm) its fork server ready: what starting cost
+            before = [_node_cpu(pid) for pid in roots]
+            with MemorySampler(roots) as memory:
+                outcome = deployment.run(run_config(rounds, work / "results", "cost"), timeout_s=900)
+            node_cpu = [_node_cpu(pid) for pid in roots]
         wall = time.perf_counter() - started
     if outcome.status != FINISHED_OK:
         raise RuntimeError(f"deployment run ended {outcome.status}:\n{outcome.log[-3000:]}")
     return {"messages": read_profile(profile), "run-wall": outcome.wall_seconds, "case-wall": wall,
-            "supernode-cpu": node_cpu}  # fmt: skip
+            "supernode-cpu": node_cpu, "before-run-cpu": before, "peak-memory": memory.peaks()}  # fmt: skip
+
+
+class MemorySampler:
+    """Sample the memory of each device's process tree in a thread; :meth:`peaks` gives the largest sums, in MiB."""
+
+    def __init__(self, roots: list[int]) -> None:
+        self.roots, self.stop = roots, threading.Event()
+        self.peak = {root: {"pss": 0.0, "rss": 0.0} for root in roots}
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> MemorySampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        while not self.stop.wait(SAMPLE_EVERY_S):
+            for root in self.roots:
+                total = {"pss": 0.0, "rss": 0.0}
+                for pid in _tree(root):
+                    for measure, value in _memory(pid).items():
+                        total[measure] += value
+                for measure, value in total.items():
+                    self.peak[root][measure] = max(self.peak[root][measure], value)
+
+    def peaks(self) -> list[dict[str, float]]:
+        return [self.peak[root] for root in self.roots]
+
+
+def _memory(pid: int) -> dict[str, float]:
+    """PSS and RSS of a process in MiB (``/proc/<pid>/smaps_rollup``); zeros once it has ended."""
+    found = {"pss": 0.0, "rss": 0.0}
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name in ("Pss", "Rss"):
+                found[name.lower()] = int(value.split()[0]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return found
 
 
 def _stat(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
-def _node_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds of a SuperNode's process tree: itself, and its descendants with the processes they reaped.
-
-    The SuperNode starts a SuperExec, which starts one ClientApp process per message and
-    reaps it: a finished ClientApp's CPU is in the SuperExec's children's time.
-    """
+def _tree(pid: int) -> set[int]:
+    """``pid`` and its living descendants."""
     parents = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -119,6 +173,17 @@ def _node_cpu(pid: int) -> dict[str, float]:
         children = [p for p, parent in parents.items() if parent in frontier and p not in tree]
         tree.update(children)
         frontier = children
+    return tree
+
+
+def _node_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of a SuperNode's process tree: itself, and its descendants with the processes they reaped.
+
+    The SuperNode starts a SuperExec, which starts one ClientApp process per message and
+    reaps it: a finished ClientApp's CPU is in the SuperExec's children's time (a warm
+    device: ``app.device`` starts both, and the fork server reaps the ClientApps).
+    """
+    tree = _tree(pid)
     tick = os.sysconf("SC_CLK_TCK")
     totals = {"supernode": 0.0, "descendants": 0.0}
     for member in tree:
@@ -160,24 +225,29 @@ def worktree(rev: str, where: Path) -> Path:
 
 
 def table(results: dict) -> str:
-    """CPU-seconds per message: the phases' medians, the total, and the whole device's (SuperNode's tree) mean."""
-    lines = ["| SuperNodes | case | " + " | ".join(PHASES) + " | ClientApp total, median (mean) | whole device |",
-             "|---" * (len(PHASES) + 4) + "|"]  # fmt: skip
+    """Per message: the ClientApp's CPU-s by phase, its total and wall; per device: CPU-s and peak memory."""
+    lines = ["| SuperNodes | case | " + " | ".join(PHASES) + " | ClientApp CPU-s, median (mean) | ClientApp wall s | "
+             "device CPU-s, with start | device CPU-s, run only | device peak PSS MiB (RSS) |",
+             "|---" * (len(PHASES) + 7) + "|"]  # fmt: skip
     for nodes, cases in results["cases"].items():
         for name, summary in cases.items():
-            cpu = summary["cpu"]
+            cpu, wall = summary["cpu"], summary["wall"]
             cells = " | ".join(f"{cpu[p]:.2f}" for p in PHASES)
-            device = results["device-cpu-per-message"].get(nodes, {}).get(name)
-            whole = f"{statistics.median(device):.2f}" if device else "-"
+            device = results["device"].get(nodes, {}).get(name)
+            if device:
+                memory = f"{statistics.median(device['peak-pss']):.0f} ({statistics.median(device['peak-rss']):.0f})"
+                whole = f"{statistics.median(device['cpu-per-message']):.2f} | " \
+                        f"{statistics.median(device['run-cpu-per-message']):.2f} | {memory}"
+            else:
+                whole = "- | - | -"
             lines.append(f"| {nodes} | {name} | {cells} | {cpu['total-median']:.2f} ({cpu['total-mean']:.2f}) | "
-                         f"{whole} |")  # fmt: skip
+                         f"{wall['total-median']:.2f} | {whole} |")  # fmt: skip
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 SuperNodes, 1 repeat, 2 rounds")
-    parser.add_argument("--before", default=BEFORE, help=f"the app's revision before the cuts (default {BEFORE})")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
@@ -185,46 +255,52 @@ def main() -> None:
     out_dir = QUICK_RESULTS if args.quick else REPO / "bench" / "results"
     scratch = Path(tempfile.mkdtemp(prefix="stamen-deploy-cost-"))
     try:
-        apps = {"before": worktree(args.before, scratch / "before"), "after": worktree("HEAD", scratch / "after")}
+        app = worktree("HEAD", scratch / "app")
         largest = max(node_counts)
         devices = make_device_folders(scratch / "devices", devices=largest, train_per_class=TRAIN_PER_CLASS,
                                       test_per_class=TEST_PER_CLASS)  # fmt: skip
         merged = {n: make_device_folders(scratch / f"merged-{n}", devices=1, train_per_class=TRAIN_PER_CLASS * n,
                                          test_per_class=TEST_PER_CLASS * n)[0] for n in node_counts}  # fmt: skip
-        raw: dict[int, dict[str, list]] = {n: {"before": [], "after": [], "simulation": []} for n in node_counts}
-        walls: dict[int, dict[str, list]] = {n: {"before": [], "after": [], "simulation": []} for n in node_counts}
-        device_cpu: dict[int, dict[str, list]] = {n: {"before": [], "after": []} for n in node_counts}
+        raw = {n: {name: [] for name in (*VARIANTS, "simulation")} for n in node_counts}
+        walls = {n: {name: [] for name in (*VARIANTS, "simulation")} for n in node_counts}
+        device = {n: {name: {"cpu-per-message": [], "run-cpu-per-message": [], "peak-pss": [], "peak-rss": []}
+                      for name in VARIANTS} for n in node_counts}  # fmt: skip
         for repeat in range(repeats):
             for n in node_counts:
-                for variant in ("before", "after"):
+                for variant in VARIANTS:
                     work = scratch / f"{variant}-{n}-{repeat}"
                     print(f"repeat {repeat + 1}/{repeats}: {n} SuperNodes, {variant}", flush=True)
-                    case = deployment_case(apps[variant], devices[:n], rounds, work)
+                    case = deployment_case(app, devices[:n], rounds, work, warm=variant == "warm")
                     raw[n][variant] += case["messages"]
                     walls[n][variant].append(case["run-wall"])
-                    trees = case["supernode-cpu"]
-                    device_cpu[n][variant].append(sum(t["supernode"] + t["descendants"] for t in trees)
-                                                  / len(case["messages"]))  # fmt: skip
+                    per_device = len(case["messages"]) / n
+                    for end, start, peak in zip(case["supernode-cpu"], case["before-run-cpu"], case["peak-memory"],
+                                                strict=True):  # fmt: skip
+                        total = end["supernode"] + end["descendants"]
+                        started = start["supernode"] + start["descendants"]
+                        device[n][variant]["cpu-per-message"].append(total / per_device)
+                        device[n][variant]["run-cpu-per-message"].append((total - started) / per_device)
+                        device[n][variant]["peak-pss"].append(peak["pss"])
+                        device[n][variant]["peak-rss"].append(peak["rss"])
                     shutil.rmtree(work, ignore_errors=True)
                 work = scratch / f"simulation-{n}-{repeat}"
                 print(f"repeat {repeat + 1}/{repeats}: {n} clients, simulation", flush=True)
-                case = simulation_case(apps["after"], merged[n], n, rounds, work)
+                case = simulation_case(app, merged[n], n, rounds, work)
                 raw[n]["simulation"] += case["messages"]
                 walls[n]["simulation"].append(case["run-wall"])
                 shutil.rmtree(work, ignore_errors=True)
         results = {
-            "benchmark": "deploy_cost", "machine": machine(), "before": args.before,
-            "after": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True).stdout.strip(),
+            "benchmark": "deploy_cost", "machine": machine(),
+            "commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                     text=True).stdout.strip(),
             "rounds": rounds, "repeats": repeats, "train-images-per-node": TRAIN_PER_CLASS * 10,
-            "fab-bytes": {name: fab_bytes(app) for name, app in apps.items()},
+            "messages-per-device": rounds + 2, "fab-bytes": fab_bytes(app),
             "cases": {n: {name: summarise(messages) for name, messages in cases.items()} for n, cases in raw.items()},
-            "run-wall-seconds": walls, "device-cpu-per-message": device_cpu,
+            "run-wall-seconds": walls, "device": device,
         }  # fmt: skip
     finally:
-        for name in ("before", "after"):
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(scratch / name)],
-                           capture_output=True)  # fmt: skip
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(scratch / "app")],
+                       capture_output=True)  # fmt: skip
         shutil.rmtree(scratch, ignore_errors=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "deploy_cost.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -1,0 +1,116 @@
+r"""Start one device (a SuperNode) whose ClientApp pays for torch's import once, not per message.
+
+    python -m app.device --superlink <host>:9092 --root-certificates ca.crt \\
+        --auth-supernode-private-key keys/device-0 --node-config "data-dir='/data/mine'"
+
+takes ``flower-supernode``'s own options and starts two processes:
+
+- ``flower-supernode <your options> --isolation process --port <free port>``: the SuperNode
+  as you would start it, talking to the SuperLink (TLS, authentication, heartbeats,
+  ``--node-config``) and serving its Runtime API on 127.0.0.1 only;
+- ``python -m app.warm_exec --insecure --runtime-api-address 127.0.0.1:<port>``: Flower's
+  SuperExec with a warm executor (``app/warm_exec.py``), which forks one child per message
+  from a process that imported torch once.
+
+The link between the two is the loopback interface of the device, as in Flower's own
+``--isolation subprocess`` (which starts ``flower-superexec --insecure`` the same way).
+``--cold`` runs ``flower-supernode <your options>`` alone instead (Flower's executor,
+one fresh process per message); so does a Flower that the warm executor does not
+support, with a warning. Stopping this command (Ctrl-C, SIGTERM, or its death) stops both
+processes and every task child.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+RESERVED = ("--isolation", "--port", "--host")  # the device sets these for the SuperNode-SuperExec link
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def commands(supernode_args: list[str], *, port: int, parent_pid: int, cold: bool = False) -> list[list[str]]:
+    """The processes a device runs: the SuperNode, and (unless ``cold``) the warm SuperExec beside it.
+
+    Raises
+    ------
+    ValueError
+        When ``supernode_args`` sets an option the device sets itself.
+
+    """
+    for arg in supernode_args:
+        if arg.split("=")[0] in RESERVED:
+            option = arg.split("=")[0]
+            raise ValueError(f"option {option}: the device sets {', '.join(RESERVED)} itself (the SuperNode's "
+                             "Runtime API on 127.0.0.1 for the warm executor); leave it out")  # fmt: skip
+    if cold:
+        return [["flower-supernode", *supernode_args]]
+    node = ["flower-supernode", *supernode_args, "--isolation", "process", "--host", "127.0.0.1", "--port", str(port)]
+    executor = [sys.executable, "-m", "app.warm_exec", "--insecure", "--runtime-api-address", f"127.0.0.1:{port}",
+                "--parent-pid", str(parent_pid)]  # fmt: skip
+    return [node, executor]
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the device's processes and keep them up until a signal or until one of them exits."""
+    parser = argparse.ArgumentParser(prog="python -m app.device", description=__doc__.split("\n")[0],
+                                     epilog="Every other option goes to flower-supernode unchanged.")  # fmt: skip
+    parser.add_argument("--cold", action="store_true", help="Flower's own executor: a fresh process per message")
+    parser.add_argument("--runtime-port", type=int, default=0, help="the SuperNode's Runtime API port (default: free)")
+    args, supernode_args = parser.parse_known_args(argv)
+    cold = args.cold
+    if not cold:
+        from app.warm_exec import flower_version, warm_path_problem
+
+        if problem := warm_path_problem():
+            print(f"stamen device: the warm executor does not support flwr {flower_version()} ({problem}); running "
+                  "Flower's own executor, one cold process per message", file=sys.stderr, flush=True)  # fmt: skip
+            cold = True
+    try:
+        to_start = commands(supernode_args, port=args.runtime_port or free_port(), parent_pid=os.getpid(), cold=cold)
+    except ValueError as err:
+        parser.error(str(err))
+    print("stamen device: " + "\n  ".join(" ".join(c) for c in to_start), file=sys.stderr, flush=True)
+    processes = [subprocess.Popen(command, preexec_fn=_die_with_parent) for command in to_start]
+    stop = {"signal": 0}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop["signal"] = signum
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    while not stop["signal"] and all(p.poll() is None for p in processes):
+        time.sleep(0.2)
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return 0 if stop["signal"] else next((p.returncode for p in processes if p.returncode), 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
