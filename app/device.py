@@ -15,8 +15,9 @@ takes ``flower-supernode``'s own options and starts two processes:
 The link between the two is the loopback interface of the device, as in Flower's own
 ``--isolation subprocess`` (which starts ``flower-superexec --insecure`` the same way).
 ``--cold`` runs ``flower-supernode <your options>`` alone instead (Flower's executor,
-one fresh process per message); so does a Flower that the warm executor does not
-support, with a warning. Stopping this command (Ctrl-C, SIGTERM, or its death) stops both
+one fresh process per message). On a Flower that the warm executor does not support,
+``app.warm_exec`` says so in one line and runs Flower's own ``flower-superexec`` in its
+place. Stopping this command (Ctrl-C, SIGTERM, or its death) stops both
 processes and every task child.
 """
 
@@ -78,16 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold", action="store_true", help="Flower's own executor: a fresh process per message")
     parser.add_argument("--runtime-port", type=int, default=0, help="the SuperNode's Runtime API port (default: free)")
     args, supernode_args = parser.parse_known_args(argv)
-    cold = args.cold
-    if not cold:
-        from app.warm_exec import flower_version, warm_path_problem
-
-        if problem := warm_path_problem():
-            print(f"stamen device: the warm executor does not support flwr {flower_version()} ({problem}); running "
-                  "Flower's own executor, one cold process per message", file=sys.stderr, flush=True)  # fmt: skip
-            cold = True
+    # No Flower import here (2 CPU-s on this machine): app.warm_exec checks the installed Flower itself and runs
+    # Flower's own flower-superexec, with one warning, when the warm path cannot work.
     try:
-        to_start = commands(supernode_args, port=args.runtime_port or free_port(), parent_pid=os.getpid(), cold=cold)
+        to_start = commands(supernode_args, port=args.runtime_port or free_port(), parent_pid=os.getpid(),
+                            cold=args.cold)  # fmt: skip
     except ValueError as err:
         parser.error(str(err))
     print("stamen device: " + "\n  ".join(" ".join(c) for c in to_start), file=sys.stderr, flush=True)

@@ -47,9 +47,10 @@ from app.message_cost import FORKED_AT_ENV
 STAMEN_PACKAGES = ("app", "clients", "strategies", "datasets")
 TASK_NAME = b"stamen-task"  # the task child's name in ps/top (/proc/<pid>/comm)
 # What the warm path takes from Flower's internals; warm_path_problem() checks every item.
-RUN_CLIENTAPP_PARAMETERS = ("runtime_api_address", "token", "insecure", "certificates", "parent_pid")
+RUN_CLIENTAPP_PARAMETERS = ("runtime_api_address", "token", "insecure", "certificates", "parent_pid",
+                            "runtime_dependency_install")
 SPEC_FIELDS = ("task_type", "runtime_api_address", "token", "insecure", "root_certificates_path", "parent_pid",
-               "suppress_output", "task_id", "fab_hash")  # fmt: skip
+               "suppress_output", "task_id", "fab_hash", "runtime_dependency_install")  # fmt: skip
 _PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1
 PRELOAD = ("numpy", "torch", "flwr.supernode.runtime.run_clientapp")  # what every message paid for, imported once
 
@@ -157,7 +158,8 @@ def _run_task(spec: dict, warm_hash: str | None, warm_folder: str | None) -> int
     certificates = Path(path).read_bytes() if path else None
     try:
         run_clientapp(runtime_api_address=spec["runtime_api_address"], token=spec["token"],
-                      insecure=spec["insecure"], certificates=certificates, parent_pid=spec["parent_pid"])  # fmt: skip
+                      insecure=spec["insecure"], certificates=certificates, parent_pid=spec["parent_pid"],
+                      runtime_dependency_install=spec["runtime_dependency_install"])  # fmt: skip
     except SystemExit as done:  # Flower's task code ends with flwr_exit(): sys.exit(0 or 1)
         return done.code if isinstance(done.code, int) else 1
     return 0
@@ -311,9 +313,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     problem = warm_path_problem()
     if problem:
-        _log(f"the warm executor does not support flwr {flower_version()} ({problem}); "
-             "this device runs Flower's own flower-superexec, one cold process per message")  # fmt: skip
+        _log(f"the warm executor does not support flwr {flower_version()} ({problem}); this device runs "
+             "Flower's own flower-superexec, one cold process per message")  # fmt: skip
         os.execvp("flower-superexec", ["flower-superexec", *argv])
+        return  # execvp replaced this process; reached only where it is stood in for (the tests)
     server = ForkServer(warm_stamen=os.environ.get("STAMEN_WARM_STAMEN", "1") != "0")
     server.start()
     import flwr.supercore.superexec.run_superexec as run_superexec

@@ -22,7 +22,8 @@ of a case.
 
 Besides the ClientApp's phases, per device: the CPU-seconds of its whole process tree
 (SuperNode, SuperExec, fork server, every ClientApp process it reaped) per message, with
-and without what the device spent before the run (starting and importing), and the
+and without what the device spent before the run (starting and importing, until every
+device's tree idles under 0.05 CPU-s per second), and the
 peak memory of that tree, sampled every 0.2 s: the sum of PSS (shared pages split
 between the processes that share them, so a fork server and its children are not
 counted twice) and, for reference, the sum of RSS.
@@ -100,8 +101,7 @@ def deployment_case(app_dir: Path, devices: list[Path], rounds: int, work: Path,
         with LocalDeployment(app_dir=app_dir, num_nodes=len(devices), node_data=devices, warm=warm,
                              workdir=work / "deployment") as deployment:  # fmt: skip
             roots = [node.process.pid for node in deployment.nodes.values()]
-            time.sleep(10)  # every device connected and (warm) its fork server ready: what starting cost
-            before = [_node_cpu(pid) for pid in roots]
+            before = _settled(roots)  # every device connected and (warm) its fork server ready: what starting cost
             with MemorySampler(roots) as memory:
                 outcome = deployment.run(run_config(rounds, work / "results", "cost"), timeout_s=900)
             node_cpu = [_node_cpu(pid) for pid in roots]
@@ -110,6 +110,20 @@ def deployment_case(app_dir: Path, devices: list[Path], rounds: int, work: Path,
         raise RuntimeError(f"deployment run ended {outcome.status}:\n{outcome.log[-3000:]}")
     return {"messages": read_profile(profile), "run-wall": outcome.wall_seconds, "case-wall": wall,
             "supernode-cpu": node_cpu, "before-run-cpu": before, "peak-memory": memory.peaks()}  # fmt: skip
+
+
+def _settled(roots: list[int], *, idle_cpu_s: float = 0.05, timeout_s: float = 120) -> list[dict[str, float]]:
+    """Each device's CPU once all of them are idle (under ``idle_cpu_s`` CPU-s per second each, over 2 s)."""
+    last = [_node_cpu(pid) for pid in roots]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(2)
+        now = [_node_cpu(pid) for pid in roots]
+        busiest = max(sum(n.values()) - sum(b.values()) for n, b in zip(now, last, strict=True)) / 2
+        last = now
+        if busiest < idle_cpu_s:
+            break
+    return last
 
 
 class MemorySampler:

@@ -41,7 +41,8 @@ def test_a_changed_task_signature_is_named(monkeypatch):
     import flwr.supernode.runtime.run_clientapp as runtime
 
     monkeypatch.setattr(runtime, "run_clientapp", lambda address, token, insecure: None)
-    assert warm_path_problem() == "run_clientapp() lacks the parameter(s) runtime_api_address, certificates, parent_pid"
+    assert warm_path_problem() == ("run_clientapp() lacks the parameter(s) runtime_api_address, certificates, "
+                                   "parent_pid, runtime_dependency_install")
 
 
 def test_a_warm_device_runs_the_supernode_and_the_warm_superexec_on_one_loopback_port():
@@ -59,36 +60,24 @@ def test_a_device_refuses_the_options_it_sets_itself(option):
         device.commands([option], port=1, parent_pid=1)
 
 
-class FinishedProcess:
-    """Stands in for a Popen whose process exited at once."""
-
-    def __init__(self, command, **_):
-        self.command, self.returncode = command, 0
-
-    def poll(self):
-        return 0
-
-    def wait(self, timeout=None):
-        return 0
-
-
-def test_a_flower_the_warm_path_does_not_support_gets_flowers_executor_and_one_warning(monkeypatch, capsys):
+def test_a_flower_the_warm_path_does_not_support_gets_flowers_superexec_and_one_warning(monkeypatch, capsys):
     started = []
     monkeypatch.setattr(warm_exec, "warm_path_problem", lambda: "ExecutionSpec lacks fab_hash")
-    monkeypatch.setattr(device.subprocess, "Popen", lambda command, **kw: started.append(command) or
-                        FinishedProcess(command))  # fmt: skip
-    assert device.main(["--insecure", "--superlink", "127.0.0.1:9092"]) == 0
-    assert started == [["flower-supernode", "--insecure", "--superlink", "127.0.0.1:9092"]]
+    monkeypatch.setattr(warm_exec.os, "execvp", lambda program, args: started.append(args))
+    monkeypatch.setattr(warm_exec, "ForkServer", None)  # the warm path is never reached
+    warm_exec.main(["--insecure", "--runtime-api-address", "127.0.0.1:9094"])
+    assert started == [["flower-superexec", "--insecure", "--runtime-api-address", "127.0.0.1:9094"]]
     warnings = [line for line in capsys.readouterr().err.splitlines() if "does not support" in line]
-    assert warnings == [f"stamen device: the warm executor does not support flwr {warm_exec.flower_version()} "
-                        "(ExecutionSpec lacks fab_hash); running Flower's own executor, one cold process per "
-                        "message"]  # fmt: skip
+    assert len(warnings) == 1
+    assert warnings[0].endswith(f"the warm executor does not support flwr {warm_exec.flower_version()} "
+                                "(ExecutionSpec lacks fab_hash); this device runs Flower's own flower-superexec, "
+                                "one cold process per message")  # fmt: skip
 
 
 # ------------------------------------------------------------------ the fork server, with a stand-in task
 
 
-def record_task(runtime_api_address, token, insecure, certificates, parent_pid):
+def record_task(runtime_api_address, token, insecure, certificates, parent_pid, runtime_dependency_install):
     """Flower's task code, replaced: note where this task ran, then act on the token."""
     out = Path(runtime_api_address) / f"{token}.json"
     seen = {"pid": os.getpid(), "ppid": os.getppid(), "warm-app": "app.client_app" in sys.modules,
@@ -103,7 +92,8 @@ def record_task(runtime_api_address, token, insecure, certificates, parent_pid):
 
 def spec(folder: Path, token: str, fab_hash: str | None = None) -> dict:
     return {"runtime_api_address": str(folder), "token": token, "insecure": True, "root_certificates_path": None,
-            "parent_pid": None, "suppress_output": False, "task_id": 1, "fab_hash": fab_hash}  # fmt: skip
+            "parent_pid": None, "suppress_output": False, "task_id": 1, "fab_hash": fab_hash,
+            "runtime_dependency_install": False}  # fmt: skip
 
 
 def wait_for(path: Path, timeout_s: float = 60) -> dict:
