@@ -24,23 +24,16 @@ processes and every task child.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
+from app.launcher import free_port
+from app.warm_exec import die_with_parent
+
 RESERVED = ("--isolation", "--port", "--host")  # the device sets these for the SuperNode-SuperExec link
-_PR_SET_PDEATHSIG = 1
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def commands(supernode_args: list[str], *, port: int, parent_pid: int, cold: bool = False) -> list[list[str]]:
@@ -53,8 +46,8 @@ def commands(supernode_args: list[str], *, port: int, parent_pid: int, cold: boo
 
     """
     for arg in supernode_args:
-        if arg.split("=")[0] in RESERVED:
-            option = arg.split("=")[0]
+        option = arg.split("=")[0]
+        if option in RESERVED:
             raise ValueError(f"option {option}: the device sets {', '.join(RESERVED)} itself (the SuperNode's "
                              "Runtime API on 127.0.0.1 for the warm executor); leave it out")  # fmt: skip
     if cold:
@@ -63,13 +56,6 @@ def commands(supernode_args: list[str], *, port: int, parent_pid: int, cold: boo
     executor = [sys.executable, "-m", "app.warm_exec", "--insecure", "--runtime-api-address", f"127.0.0.1:{port}",
                 "--parent-pid", str(parent_pid)]  # fmt: skip
     return [node, executor]
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     print("stamen device: " + "\n  ".join(" ".join(c) for c in to_start), file=sys.stderr, flush=True)
-    processes = [subprocess.Popen(command, preexec_fn=_die_with_parent) for command in to_start]
+    processes = [subprocess.Popen(command, preexec_fn=lambda: die_with_parent(signal.SIGTERM)) for command in to_start]
     stop = {"signal": 0}
 
     def on_signal(signum: int, _frame: object) -> None:

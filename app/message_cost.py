@@ -29,10 +29,9 @@ from pathlib import Path
 from flwr.common import Context, Message
 
 from app import IMPORT_STARTED
+from app.warm_exec import FORKED_AT_ENV
 
 PROFILE_ENV = "STAMEN_PROFILE"
-# Set by app.warm_exec in each task child it forks: the child's start (its CPU clock starts at 0 with the fork).
-FORKED_AT_ENV = "STAMEN_FORKED_AT"
 _marks: dict[str, tuple[float, float]] = {}
 _state = {"first": True}
 

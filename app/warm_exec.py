@@ -42,10 +42,10 @@ import time
 from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
 
-from app.message_cost import FORKED_AT_ENV
-
 STAMEN_PACKAGES = ("app", "clients", "strategies", "datasets")
 TASK_NAME = b"stamen-task"  # the task child's name in ps/top (/proc/<pid>/comm)
+# Set in each task child: app.message_cost splits the child's cost from there (its CPU clock starts at 0 with the fork).
+FORKED_AT_ENV = "STAMEN_FORKED_AT"
 # What the warm path takes from Flower's internals; warm_path_problem() checks every item.
 RUN_CLIENTAPP_PARAMETERS = ("runtime_api_address", "token", "insecure", "certificates", "parent_pid",
                             "runtime_dependency_install")
@@ -108,6 +108,11 @@ def _prctl(option: int, value: int | bytes) -> None:
         pass
 
 
+def die_with_parent(sig: int) -> None:
+    """Have the kernel send ``sig`` to this process when its parent dies (Linux; a no-op elsewhere)."""
+    _prctl(_PR_SET_PDEATHSIG, sig)
+
+
 # ------------------------------------------------------------------ the app the fork server keeps warm
 
 
@@ -141,7 +146,7 @@ def import_client_app(folder: str | None) -> None:
 
 def _run_task(spec: dict, warm_hash: str | None, warm_folder: str | None) -> int:
     """In a fresh child: run Flower's ClientApp task code for one message; the exit code."""
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the fork server
+    die_with_parent(signal.SIGKILL)  # the fork server
     _prctl(_PR_SET_NAME, TASK_NAME)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
@@ -180,7 +185,7 @@ class ForkServer:
         pid = os.fork()
         if pid == 0:
             send.close()
-            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            die_with_parent(signal.SIGKILL)
             if os.getppid() != parent:  # the parent died before prctl took effect
                 os._exit(0)
             code = 1
@@ -258,12 +263,12 @@ class ForkServer:
                          "its message is answered with an error when its heartbeat lapses (Flower: 60 s), "
                          "the next message gets a fresh process")  # fmt: skip
                 if fab_hash is not None and fab_hash == to_warm and self.warm_stamen:
-                    warm_hash = self._warm(fab_hash, warm_folder)
-                    warm_folder = str(app_folder(fab_hash)) if warm_hash else None
+                    warm_folder = self._warm(fab_hash, warm_folder)
+                    warm_hash = fab_hash if warm_folder else None
                     to_warm = None
 
     def _warm(self, fab_hash: str, old_folder: str | None) -> str | None:
-        """Import the app of ``fab_hash`` (installed by the task that just ended); its hash, or ``None``."""
+        """Import the app of ``fab_hash`` (installed by the task that just ended); its folder, or ``None``."""
         drop_app(old_folder)
         folder = app_folder(fab_hash)
         if folder is None:
@@ -276,7 +281,7 @@ class ForkServer:
             _log(f"could not warm the app in {folder}: {err!r}")
             return None
         _log(f"app {folder.name} warm ({time.process_time() - started:.2f} CPU-s)")
-        return fab_hash
+        return str(folder)
 
 
 # ------------------------------------------------------------------ the executor SuperExec uses
