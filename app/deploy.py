@@ -157,14 +157,25 @@ def _wait_for_port(port: int, process: subprocess.Popen, log_path: Path, timeout
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s; log:\n{_tail(log_path)}")
 
 
-def live_processes(groups: list[int]) -> list[str]:
-    """``pid command`` of every process, zombies aside, in the process groups ``groups``."""
+def group_processes(groups: list[int]) -> list[int]:
+    """Pids of every process, zombies aside, in the process groups ``groups``."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
-            if fields[0] != "Z" and int(fields[2]) in groups:
-                found.append(f"{stat.parent.name} {(stat.parent / 'cmdline').read_bytes()[:80]!r}")
+        except OSError:  # it ended while we looked
+            continue
+        if fields[0] != "Z" and int(fields[2]) in groups:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def live_processes(groups: list[int]) -> list[str]:
+    """``pid command`` of every process, zombies aside, in the process groups ``groups``."""
+    found = []
+    for pid in group_processes(groups):
+        try:
+            found.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes()[:80]!r}")
         except OSError:  # it ended while we looked
             continue
     return found

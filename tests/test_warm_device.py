@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from app.deploy import LocalDeployment, live_processes
+from app.deploy import LocalDeployment, group_processes, live_processes
 from app.launcher import FINISHED_OK
 from app.warm_exec import TASK_NAME
 from datasets.tools.device_folders import CLASSES, INPUT_SHAPE, make_device_folders
@@ -65,12 +65,11 @@ def changed_app(where: Path) -> Path:
 def task_children(group: int) -> list[int]:
     """Pids of the warm executor's task children in process group ``group``."""
     found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for pid in group_processes([group]):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == group and (stat.parent / "comm").read_bytes().strip() == TASK_NAME:
-                found.append(int(stat.parent.name))
-        except (OSError, ValueError):
+            if Path(f"/proc/{pid}/comm").read_bytes().strip() == TASK_NAME:
+                found.append(pid)
+        except OSError:  # it ended while we looked
             continue
     return found
 
