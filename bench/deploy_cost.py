@@ -104,7 +104,7 @@ def deployment_case(app_dir: Path, devices: list[Path], rounds: int, work: Path,
             before = _settled(roots)  # every device connected and (warm) its fork server ready: what starting cost
             with MemorySampler(roots) as memory:
                 outcome = deployment.run(run_config(rounds, work / "results", "cost"), timeout_s=900)
-            node_cpu = [_node_cpu(pid) for pid in roots]
+            node_cpu = _node_cpus(roots)
         wall = time.perf_counter() - started
     if outcome.status != FINISHED_OK:
         raise RuntimeError(f"deployment run ended {outcome.status}:\n{outcome.log[-3000:]}")
@@ -114,11 +114,11 @@ def deployment_case(app_dir: Path, devices: list[Path], rounds: int, work: Path,
 
 def _settled(roots: list[int], *, idle_cpu_s: float = 0.05, timeout_s: float = 120) -> list[dict[str, float]]:
     """Each device's CPU once all of them are idle (under ``idle_cpu_s`` CPU-s per second each, over 2 s)."""
-    last = [_node_cpu(pid) for pid in roots]
+    last = _node_cpus(roots)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(2)
-        now = [_node_cpu(pid) for pid in roots]
+        now = _node_cpus(roots)
         busiest = max(sum(n.values()) - sum(b.values()) for n, b in zip(now, last, strict=True)) / 2
         last = now
         if busiest < idle_cpu_s:
@@ -144,9 +144,9 @@ class MemorySampler:
 
     def _run(self) -> None:
         while not self.stop.wait(SAMPLE_EVERY_S):
-            for root in self.roots:
+            for root, tree in _trees(self.roots).items():
                 total = {"pss": 0.0, "rss": 0.0}
-                for pid in _tree(root):
+                for pid in tree:
                     for measure, value in _memory(pid).items():
                         total[measure] += value
                 for measure, value in total.items():
@@ -173,41 +173,44 @@ def _stat(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
-def _tree(pid: int) -> set[int]:
-    """``pid`` and its living descendants."""
-    parents = {}
+def _trees(roots: list[int]) -> dict[int, set[int]]:
+    """Each root and its living descendants, from one reading of ``/proc`` (the sampler runs 5 times a second)."""
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                parents[int(entry.name)] = int(_stat(int(entry.name))[1])
+                children.setdefault(int(_stat(int(entry.name))[1]), []).append(int(entry.name))
             except (OSError, IndexError, ValueError):
                 continue
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        children = [p for p, parent in parents.items() if parent in frontier and p not in tree]
-        tree.update(children)
-        frontier = children
-    return tree
+    trees = {}
+    for root in roots:
+        tree, frontier = {root}, [root]
+        while frontier:
+            frontier = [child for pid in frontier for child in children.get(pid, ()) if child not in tree]
+            tree.update(frontier)
+        trees[root] = tree
+    return trees
 
 
-def _node_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds of a SuperNode's process tree: itself, and its descendants with the processes they reaped.
+def _node_cpus(roots: list[int]) -> list[dict[str, float]]:
+    """CPU seconds of each SuperNode's process tree: itself, and its descendants with the processes they reaped.
 
     The SuperNode starts a SuperExec, which starts one ClientApp process per message and
     reaps it: a finished ClientApp's CPU is in the SuperExec's children's time (a warm
     device: ``app.device`` starts both, and the fork server reaps the ClientApps).
     """
-    tree = _tree(pid)
     tick = os.sysconf("SC_CLK_TCK")
-    totals = {"supernode": 0.0, "descendants": 0.0}
-    for member in tree:
-        try:
-            fields = _stat(member)
-        except OSError:
-            continue
-        seconds = sum(int(fields[i]) for i in (11, 12, 13, 14)) / tick
-        totals["supernode" if member == pid else "descendants"] += seconds
-    return totals
+    found = []
+    for root, tree in _trees(roots).items():
+        totals = {"supernode": 0.0, "descendants": 0.0}
+        for member in tree:
+            try:
+                fields = _stat(member)
+            except OSError:
+                continue
+            totals["supernode" if member == root else "descendants"] += sum(int(fields[i]) for i in (11, 12, 13, 14))
+        found.append({name: ticks / tick for name, ticks in totals.items()})
+    return found
 
 
 def simulation_case(app_dir: Path, folder: Path, nodes: int, rounds: int, work: Path) -> dict:
