@@ -1,16 +1,20 @@
 """Real deployments on 127.0.0.1: a SuperLink, SuperNodes, ``flwr run`` against them, status from ``flwr ls``.
 
-Every message in a deployment starts a fresh ``flwr-clientapp`` process, which
-costs about 7.5 CPU-seconds here (importing flwr and torch), and each side polls
-every 3 s; a 2-round run on 2 SuperNodes measured 72 s and 110 CPU-seconds alone.
-To stay within 5 minutes on 2 cores, two deployments run side by side, each in a
-worker thread that the module fixture starts at once:
+On a cold SuperNode every message starts a fresh ``flwr-clientapp`` process, which
+costs about 5 CPU-seconds here (importing flwr and torch), and each side polls
+every 3 s. Two deployments run side by side, each in a worker thread that the
+module fixture starts at once:
 
 - ``secure``: TLS and SuperNode authentication, 2 enrolled SuperNodes and one
   whose key nobody registered; every registered method, 2 rounds each with one
-  node training a round, submitted together.
-- ``lossy``: insecure, 3 SuperNodes, fedavg for 3 rounds; one SuperNode is
-  SIGKILLed once round 1 is recorded.
+  node training a round, submitted together. Its SuperNodes are warm devices
+  (``python -m app.device``, docs/deployment.md): each message forks a process
+  that has torch imported already, which took this scenario from 428 s to 222 s
+  on 2 cores (the latter beside two other jobs); ``tests/test_warm_device.py`` shows
+  that a warm device gives the cold path's results.
+- ``lossy``: insecure, cold SuperNodes (Flower's own ``flower-superexec``), 3
+  SuperNodes, fedavg for 3 rounds; one SuperNode is SIGKILLed once round 1 is
+  recorded.
 
 Clients are not asked to evaluate (``fraction-evaluate = 0``, a ClientApp process
 per node saved); the server tests the global model after every round instead
@@ -74,7 +78,7 @@ def accepts(config: dict, change: dict) -> bool:
 
 def secure_scenario(workdir: Path) -> dict:
     results = workdir / "results"
-    with LocalDeployment(app_dir=REPO, num_nodes=2, tls=True, node_auth=True,
+    with LocalDeployment(app_dir=REPO, num_nodes=2, tls=True, node_auth=True, warm=True,
                          workdir=workdir / "deployment") as deployment:  # fmt: skip
         intruder = deployment.start_node(1, register=False, name="intruder")
         # every method's run submitted at once: a run spends most of its time waiting on the 3 s polls, which the
