@@ -12,7 +12,8 @@ Two parts, on ``../shared/data/femnist-leaf`` (105 LEAF writers, the natural spl
 (b) **Federated runs** through Flower's simulation engine: ``cnn-small``, 10 clients a
     round, batches of 5 (D, D', D''), alpha 0.01, beta = lr = 0.1, tau 10, ``--rounds``
     rounds, for FedAvg, Per-FedAvg FO, HF, HF with the relative step, SO, and HF with
-    ``max-update-ratio = 10``, and FO, HF and SO on ``mlp`` (ELU); ``--seeds`` seeds. Each record counts the non-finite
+    ``max-update-ratio = 10``, SO with ``perfedavg-curvature-bound = 0.3``, and FO, HF and SO on
+    ``mlp`` (ELU); ``--seeds`` seeds. Each record counts the non-finite
     replies, the round's largest update against its median, and whether the run stopped
     (``stop-after-nonfinite``, 3 consecutive rounds).
 
@@ -41,7 +42,7 @@ import torch  # noqa: E402
 
 from app.launcher import FINISHED_OK, LocalSimulation  # noqa: E402
 from bench.common import QUICK_RESULTS, SHARED_DATA, RunLog, interval, machine, read_records  # noqa: E402
-from clients.meta import finite_difference_hvp, hessian_vector_product  # noqa: E402
+from clients.meta import finite_difference_hvp, hessian_vector_product, meta_gradient  # noqa: E402
 from clients.models import build_model  # noqa: E402
 from clients.training import axpy, gradient, model_loss, to_tensor  # noqa: E402
 from datasets.leaf import load_femnist  # noqa: E402
@@ -54,6 +55,9 @@ CASES = {
     "hf": {"strategy": "perfedavg", "perfedavg-variant": "hf"},
     "hf-relative": {"strategy": "perfedavg", "perfedavg-variant": "hf", "perfedavg-delta-scale": "relative"},
     "so": {"strategy": "perfedavg", "perfedavg-variant": "so"},
+    # SO with its curvature correction bounded by 0.3 ||g||: on a centralised proxy (30 writers pooled) unbounded SO
+    # stalled in 2 of 2 seeds, its conv layers walking on the batch-5 HVP's noise (docs/methods/perfedavg.md)
+    "so-bound": {"strategy": "perfedavg", "perfedavg-variant": "so", "perfedavg-curvature-bound": 0.3},
     "hf-ratio-10": {"strategy": "perfedavg", "perfedavg-variant": "hf", "max-update-ratio": 10.0},
     # the paper's smooth model (ELU MLP) on the same data: where HF's central difference is an estimate
     "hf-mlp": {"strategy": "perfedavg", "perfedavg-variant": "hf", "model": "mlp"},
@@ -101,6 +105,63 @@ def hvp_errors(model_name: str, batch: int, batches: int, trained: bool, seed: i
 
 def flat(tensors) -> torch.Tensor:
     return torch.cat([t.reshape(-1) for t in tensors])
+
+
+# ------------------------------------------------------------------ (c) why SO stalls
+PROXY_WRITERS, PROXY_STEPS, PROXY_EVERY = 30, 1500, 300
+PROXY_CASES = {"fo": ("fo", 0.0), "so": ("so", 0.0), "so-bound-0.3": ("so", 0.3)}
+
+
+def so_stall(seed: int, steps: int = PROXY_STEPS) -> dict:
+    """Per-FedAvg's local steps on a centralised proxy: the first writers' images pooled, one model, B6's settings.
+
+    For FO, SO and SO with ``curvature-bound 0.3``, on the same batches: test accuracy every
+    ``PROXY_EVERY`` steps and, for each layer, ``alpha ||(Hg)_layer|| / ||g_layer||`` (the curvature
+    correction against the gradient it corrects, median over 8 fresh batch triples) at steps 0, 50 and 300.
+    """
+    source = load_femnist(DATA)
+    train = np.concatenate(source.train_groups[:PROXY_WRITERS])
+    test = np.concatenate(source.test_groups[:PROXY_WRITERS])
+    x, y = to_tensor(source.train_x[train], torch.device("cpu")), torch.as_tensor(source.train_y[train])
+    x_test, y_test = to_tensor(source.test_x[test], torch.device("cpu")), torch.as_tensor(source.test_y[test])
+    model = build_model("cnn-small", input_shape=(1, 28, 28), num_classes=62, seed=seed)
+    loss_fn = model_loss(model)
+    names = [name for name, _ in model.named_parameters()]
+
+    def draw(generator: torch.Generator) -> tuple:
+        idx = torch.randint(len(y), (BATCH,), generator=generator)
+        return x[idx], y[idx]
+
+    def layer_ratios(params: tuple) -> dict[str, float]:
+        generator, ratios = torch.Generator().manual_seed(7), []
+        for _ in range(8):
+            inner, _ = gradient(loss_fn, params, draw(generator))
+            outer, _ = gradient(loss_fn, axpy(params, inner, -ALPHA), draw(generator))
+            product = hessian_vector_product(loss_fn, params, outer, draw(generator))
+            ratios.append([float(ALPHA * h.norm() / (g.norm() + 1e-30)) for h, g in zip(product, outer, strict=True)])
+        return dict(zip(names, np.median(np.array(ratios), axis=0).round(3).tolist(), strict=True))
+
+    def accuracy(params: tuple) -> float:
+        with torch.no_grad():
+            logits = torch.func.functional_call(model, dict(zip(names, params, strict=True)), (x_test,))
+            return float((logits.argmax(1) == y_test).float().mean())
+
+    out = {"seed": seed, "train-images": len(y), "test-images": len(y_test), "cases": {}}
+    for case, (variant, bound) in PROXY_CASES.items():
+        params = tuple(p.detach().clone() for p in model.parameters())
+        generator, curve, ratios = torch.Generator().manual_seed(seed), [], {}
+        for step in range(steps + 1):
+            if step in (0, 50, 300):
+                ratios[step] = layer_ratios(params)
+            if step and step % PROXY_EVERY == 0:
+                curve.append(round(accuracy(params), 4))
+            if step < steps:
+                meta = meta_gradient(loss_fn, params, (draw(generator), draw(generator), draw(generator)), alpha=ALPHA,
+                                     variant=variant, curvature_bound=bound)  # fmt: skip
+                params = axpy(params, meta.direction, -BETA)
+        out["cases"][case] = {"accuracy-every-300": curve, "layer-ratios": ratios}
+        print(f"proxy seed {seed} {case}: accuracy {curve}", flush=True)
+    return out
 
 
 # ------------------------------------------------------------------ (b) the runs
@@ -154,6 +215,18 @@ def report(results: dict) -> str:
         stopped = sum(r["status"] == "stopped" for r in runs)
         lines.append(f"| {case} | {len(runs)} | {[r['nonfinite-replies'] for r in runs]} | {stopped} | "
                      f"{max(r['update-ratio-max'] for r in runs):.3g} | {mean:.4f} +- {half:.4f} |")  # fmt: skip
+    lines += ["", f"(c) SO's stall on a centralised proxy ({PROXY_WRITERS} writers pooled, {PROXY_STEPS} local steps): "
+              f"test accuracy every {PROXY_EVERY} steps; alpha ||(Hg)_layer|| / ||g_layer|| at steps 0 / 50 / 300 for "
+              "conv1's weight and the largest over the layers", "",
+              "| seed | case | accuracy | conv1 weight ratio | largest layer ratio |",
+              "|---:|---|---|---|---|"]  # fmt: skip
+    for proxy in results.get("so-stall", []):
+        for case, row in proxy["cases"].items():
+            steps = sorted(row["layer-ratios"], key=int)
+            first = [row["layer-ratios"][t][next(iter(row["layer-ratios"][t]))] for t in steps]
+            largest = [max(row["layer-ratios"][t].values()) for t in steps]
+            lines.append(f"| {proxy['seed']} | {case} | {row['accuracy-every-300']} | "
+                         f"{' / '.join(f'{v:.3g}' for v in first)} | {' / '.join(f'{v:.3g}' for v in largest)} |")
     return "\n".join(lines)
 
 
@@ -172,6 +245,7 @@ def main() -> None:
     hvp = [hvp_errors(model, batch, batches, trained)
            for model in ("cnn-small", "mlp") for batch in (5, 40) for trained in (False, True)]  # fmt: skip
     print(json.dumps(hvp, indent=1), flush=True)
+    stall = [so_stall(seed, 300 if args.quick else PROXY_STEPS) for seed in range(1 if args.quick else 2)]
     log = RunLog(path=out / "perfedavg_divergence_runs.jsonl", key_fields=("case", "seed", "rounds-asked"))
     if not args.report_only:
         with tempfile.TemporaryDirectory() as results, LocalSimulation(app_dir=REPO) as sim:
@@ -185,7 +259,7 @@ def main() -> None:
                               f"{result['seconds']:.0f} s", flush=True)  # fmt: skip
     runs = {c: [log.get({"case": c, "seed": s, "rounds-asked": rounds}) for s in range(seeds)] for c in cases}
     results = {"benchmark": "perfedavg_divergence", "machine": machine(), "rounds": rounds, "seeds": seeds,
-               "hvp": hvp, "runs": {c: [r for r in rs if r] for c, rs in runs.items()}}  # fmt: skip
+               "hvp": hvp, "so-stall": stall, "runs": {c: [r for r in rs if r] for c, rs in runs.items()}}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / "perfedavg_divergence.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / "perfedavg_divergence.md").write_text(report(results) + "\n")

@@ -12,6 +12,11 @@ For client loss ``f`` and parameters ``w`` (ALGORITHMS.md, section 1):
     fo:  g
     hf:  g - alpha * (grad(w + delta g, D'') - grad(w - delta g, D'')) / (2 delta)
     so:  g - alpha * hvp(w, g, D'')            # exact, by double backward
+
+With a curvature bound ``rho > 0`` (hf and so) the correction ``c = alpha * hvp`` is
+scaled down to at most ``rho * ||g||`` (whole-model norms): ``c * min(1, rho ||g|| / ||c||)``.
+Off smooth models a batch-sized Hessian-vector product can dwarf the gradient it
+corrects (docs/methods/perfedavg.md, "SO off the MLP"); the bound keeps its direction.
 """
 
 from __future__ import annotations
@@ -60,6 +65,21 @@ class MetaGradient:
     hvp_evals: int
 
 
+def norm(tensors: Params) -> float:
+    """Euclidean norm of a tuple of tensors taken as one vector."""
+    return float(torch.sqrt(sum((t.detach().double() ** 2).sum() for t in tensors)))
+
+
+def bounded_correction(correction: Params, gradient: Params, bound: float) -> Params:
+    """``correction`` scaled down so that ``||correction|| <= bound * ||gradient||``; ``bound = 0`` leaves it."""
+    if bound <= 0:
+        return correction
+    size, limit = norm(correction), bound * norm(gradient)
+    if size <= limit:
+        return correction
+    return tuple(c * (limit / size) for c in correction)
+
+
 def meta_gradient(
     loss_fn: LossFn,
     params: Params,
@@ -69,6 +89,7 @@ def meta_gradient(
     variant: str,
     delta: float = 1e-3,
     relative_delta: bool = False,
+    curvature_bound: float = 0.0,
 ) -> MetaGradient:
     """Per-FedAvg's meta-gradient with the estimator ``variant`` on batches ``(D, D', D'')``.
 
@@ -90,6 +111,9 @@ def meta_gradient(
         The central difference's step (``hf`` only).
     relative_delta
         ``hf``: perturb by ``delta`` in length rather than ``delta`` times the outer gradient.
+    curvature_bound
+        ``hf`` and ``so``: the correction ``alpha * hvp`` is at most this times the outer
+        gradient's norm (0: unbounded, the paper's estimator).
 
     Returns
     -------
@@ -111,11 +135,14 @@ def meta_gradient(
     else:
         curvature = hessian_vector_product(loss_fn, params, outer, hessian_batch)
         grad_evals, hvp_evals = 2, 1
+    if curvature_bound > 0:  # alpha * hvp, at most curvature_bound * ||g||
+        curvature = bounded_correction(tuple(alpha * c for c in curvature), outer, curvature_bound)
+        return MetaGradient(axpy(outer, curvature, -1.0), outer_loss, grad_evals, hvp_evals)
     return MetaGradient(axpy(outer, curvature, -alpha), outer_loss, grad_evals, hvp_evals)
 
 
 def meta_direction(
-    *, alpha: float, variant: str, delta: float, relative_delta: bool = False
+    *, alpha: float, variant: str, delta: float, relative_delta: bool = False, curvature_bound: float = 0.0
 ) -> Callable[[LossFn, Params, object, ExtraLoss | None], Step]:
     """Per-FedAvg's step for :func:`clients.training.train_steps`: its batch is ``(D, D', D'')``."""
 
@@ -124,7 +151,7 @@ def meta_direction(
             raise ValueError("Per-FedAvg's meta-gradient takes no extra loss term")
         inner, outer, hessian = batches
         step = meta_gradient(loss_fn, params, (inner, outer, hessian), alpha=alpha, variant=variant, delta=delta,
-                             relative_delta=relative_delta)  # fmt: skip
+                             relative_delta=relative_delta, curvature_bound=curvature_bound)  # fmt: skip
         # per-example gradients: D and D' once each; D'' twice for hf, once (as an HVP) for so
         sample_grads = len(inner[1]) + len(outer[1]) + {"fo": 0, "hf": 2, "so": 1}[variant] * len(hessian[1])
         return Step(step.direction, step.outer_loss, step.grad_evals, sample_grads, step.hvp_evals)

@@ -233,3 +233,28 @@ def test_relative_delta_perturbs_by_delta_in_length_and_stays_exact_on_a_quadrat
     seen.clear()
     finite_difference_hvp(recording, (torch.tensor(w),), (torch.tensor(v),), None, 1e-3)
     assert float(torch.linalg.norm(seen[0] - seen[1])) == pytest.approx(2e-3 * np.linalg.norm(v))
+
+
+@pytest.mark.parametrize("variant", ["hf", "so"])
+def test_a_curvature_bound_scales_the_correction_to_rho_times_g_on_a_quadratic(variant):
+    loss, q, b, w = quadratic(seed=3)
+    grad_f = lambda v: q @ v - b  # noqa: E731
+    alpha = 0.5  # a large inner step, so that alpha * Q g is comparable to g
+    outer = grad_f(w - alpha * grad_f(w))
+    correction = alpha * q @ outer
+    ratio = np.linalg.norm(correction) / np.linalg.norm(outer)
+    for rho in (0.5 * ratio, 2.0 * ratio):  # the bound binds, then it does not
+        step = meta_gradient(loss, (torch.tensor(w),), (None, None, None), alpha=alpha, variant=variant,
+                             delta=1e-3, curvature_bound=rho)  # fmt: skip
+        scale = min(1.0, rho / ratio)
+        np.testing.assert_allclose(step.direction[0].numpy(), outer - scale * correction, rtol=1e-9, atol=1e-9)
+    unbounded = meta_gradient(loss, (torch.tensor(w),), (None, None, None), alpha=alpha, variant=variant, delta=1e-3)
+    np.testing.assert_allclose(unbounded.direction[0].numpy(), outer - correction, rtol=1e-9, atol=1e-9)
+
+
+def test_a_curvature_bound_leaves_fo_as_it_is():
+    loss, q, b, w = quadratic(seed=3)
+    bounded = meta_gradient(loss, (torch.tensor(w),), (None, None, None), alpha=0.5, variant="fo",
+                            curvature_bound=1e-6)  # fmt: skip
+    plain = meta_gradient(loss, (torch.tensor(w),), (None, None, None), alpha=0.5, variant="fo")
+    assert torch.equal(bounded.direction[0], plain.direction[0])

@@ -29,6 +29,8 @@ class PerFedAvgSettings(MethodSettings):
     delta_scale: str = key("gradient", "hf: perturb w by delta times the outer gradient (the paper) or by delta in "
                            "length (relative: delta / ||g||)", choices=DELTA_SCALES)  # fmt: skip
     variant: str = key("hf", "fo (first order), hf (Hessian-free) or so (exact second order)", choices=VARIANTS)
+    curvature_bound: float = key(0.0, "hf and so: scale the curvature correction alpha * H g down to at most this "
+                                 "times ||g|| (0 = unbounded, the paper's)", at_least=0)  # fmt: skip
     outer_batch_size: int = key(10, "size of D' (the outer gradient)", at_least=1, at_most=MAX_BATCH)
     hessian_batch_size: int = key(10, "size of D'' (the Hessian term; unused by fo)", at_least=1,
                                      at_most=MAX_BATCH)  # fmt: skip
