@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Collection
@@ -49,6 +50,7 @@ from strategies.contracts.common import (
     RAY_NODE,
     SAMPLE_GRADS,
     SMALL_BATCH,
+    START_LOSS,
     TEST_CLASSES,
     TRAIN_CLASSES,
     TRAIN_LOSS,
@@ -382,6 +384,8 @@ class TorchClient(NumPyClient):
         metrics = {TRAIN_LOSS: report.mean_loss, LOCAL_STEPS: report.steps, GRAD_EVALS: report.grad_evals,
                    HVP_EVALS: report.hvp_evals, SAMPLE_GRADS: report.sample_grads, PARTITION_ID: self.partition_id,
                    SMALL_BATCH: int(small), **report.extra, LAYOUT: layout}  # fmt: skip
+        if math.isfinite(report.first_loss):  # a method that steps through train_steps knows it
+            metrics[START_LOSS] = report.first_loss
         return arrays, len(self.train_y), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:

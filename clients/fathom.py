@@ -38,4 +38,5 @@ class FathomClient(TorchClient):
         report = self.local_sgd(training, rng, steps=steps, batch_size=batch, on_step=alignment)
         # what this client received and used, so a run's records show the broadcast arriving
         extra = {PHI: alignment.phi, USED_BATCH: batch, "lr": training.lr, "local-epochs": training.local_epochs}
-        return TrainReport(report.mean_loss, report.steps, report.grad_evals, report.sample_grads, extra=extra)
+        return TrainReport(report.mean_loss, report.steps, report.grad_evals, report.sample_grads, extra=extra,
+                           first_loss=report.first_loss)  # fmt: skip

@@ -139,6 +139,7 @@ class TrainReport:
     hvp_evals: int = 0
     extra: dict = field(default_factory=dict)  # method-specific scalar metrics for the reply
     arrays: dict[str, list[np.ndarray]] = field(default_factory=dict)  # the array sets the contract returns, by name
+    first_loss: float = math.nan  # the first step's loss: the model as received, on the first batch
 
 
 class Alignment:
@@ -226,8 +227,11 @@ def train_steps(
         hvp_evals += step.hvp_evals
         sample_grads += step.sample_grads
     write_parameters(targets, params)
-    mean = float(torch.stack(losses).double().mean()) if losses else float("nan")  # the round's one read
-    return TrainReport(mean, len(losses), grad_evals, sample_grads, hvp_evals)
+    mean, first = math.nan, math.nan
+    if losses:
+        stacked = torch.stack(losses).double()
+        mean, first = torch.stack([stacked.mean(), stacked[0]]).tolist()  # the round's one read
+    return TrainReport(mean, len(losses), grad_evals, sample_grads, hvp_evals, first_loss=first)
 
 
 def write_parameters(targets: Iterable[nn.Parameter], values: Params) -> None:

@@ -319,7 +319,8 @@ class FederatedStrategy(Strategy):
         chosen = self.sample_fit(server_round, self.connected_partitions)
         self.record.update({"clients-sampled": len(chosen), "fit-partitions": chosen})
         # each node is told its partition (a device with its own data learns its number so) and the layout
-        instructions = [(nodes[p], FitIns(*self._message(p, "fit", config))) for p in chosen]
+        configs = self.tuner.configs(server_round, chosen, config) if self.tuner is not None else {}
+        instructions = [(nodes[p], FitIns(*self._message(p, "fit", configs.get(p, config)))) for p in chosen]
         self.record["fit-bytes-sent"] = sum(_size(ins.parameters) for _, ins in instructions)
         return instructions
 
@@ -366,9 +367,10 @@ class FederatedStrategy(Strategy):
         replies, rejected = self.screen_fit(server_round, results)
         metrics = fit_summary(replies, self.fit_specs.values())
         previous = self.global_shared
-        arrays, extra = self.combine(server_round, replies)
+        # a tuner's probe round: its clients tried several step sizes, and the model takes the start value's replies
+        arrays, extra = self.combine(server_round, self.tuner.model_replies(replies) if self.tuner else replies)
         metrics.update(extra)
-        if self.tuner is not None and arrays is not None and replies:
+        if self.tuner is not None and replies:
             metrics.update(self.tuner.update(previous, arrays, replies))
         if arrays is not None:
             self._use_shared(arrays)

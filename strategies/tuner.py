@@ -12,15 +12,21 @@ fit config, where the clients read them under the same keys.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from logging import INFO, WARNING
+
 import numpy as np
 from flwr.common import Scalar
+from flwr.common.logger import log
 
 from strategies.aggregation import flatten
+from strategies.contracts.common import START_LOSS, TRAIN_LOSS
 from strategies.contracts.contract import Metric
 from strategies.contracts.fathom import CONTRACT as FATHOM
 from strategies.contracts.fathom import PHI, FathomSettings
 from strategies.fathom_math import FathomState, RoundAggregate, fathom_update
 from strategies.screening import Reply
+from strategies.start_probe import ProbeTally, local_progress, probe_choice, probe_factors, probe_slots, tallied
 
 PHI_METRIC: Metric = next(m for m in FATHOM.metrics if m.name == PHI)  # required in a tuned run's fit replies
 
@@ -45,14 +51,47 @@ class FathomTuner:
         self.work_bounds = settings.bounds_of("work", keys["work"])[1]
         self.state = FathomState(lr=float(start[keys["step"]]), epochs=float(start[keys["work"]]),
                                  batch_size=float(start[keys["batch"]]))  # fmt: skip
+        self.factors = probe_factors(settings.probe_factor, settings.probe_points)
+        self.probe = ProbeTally.empty(settings.probe_points) if settings.probe_rounds > 0 else None
+        self.slots: dict[int, int] = {}  # a probe round's partition -> slot
+
+    @property
+    def probing(self) -> bool:
+        """Whether the next round is a probe round (``fathom-probe-rounds`` > 0 and not all run yet)."""
+        return self.probe is not None and self.probe.rounds < self.settings.probe_rounds
+
+    def configs(self, server_round: int, partitions: list[int], config: dict[str, Scalar]) -> dict[int, dict]:
+        """Each sampled partition's fit config: ``config``, or in a probe round its slot's step size."""
+        if not self.probing:
+            return {partition: config for partition in partitions}
+        self.slots = probe_slots(partitions, server_round, self.settings.probe_points)
+        key, low, high = self.keys["step"], *self.settings.lr_bounds
+        return {partition: {**config, key: float(min(max(self.state.lr * self.factors[slot], low), high))}
+                for partition, slot in self.slots.items()}  # fmt: skip
+
+    def model_replies(self, replies: list[Reply]) -> list[Reply]:
+        """The replies the global model combines: in a probe round the middle slot's alone."""
+        if not self.probing:
+            return replies
+        middle = self.settings.probe_points // 2
+        return [reply for reply in replies if self.slots.get(reply.partition) == middle]
 
     def values(self) -> dict[str, Scalar]:
         """The values in force, by run-config key, for the next fit config (reals; clients round int keys)."""
         state = self.state
         return {self.keys["step"]: state.lr, self.keys["work"]: state.epochs, self.keys["batch"]: state.batch_size}
 
-    def update(self, previous: list[np.ndarray], combined: list[np.ndarray], replies: list[Reply]) -> dict[str, float]:
-        """Move the values after a round from the global update and the replies' ``phi``; the round's signals."""
+    def update(
+        self, previous: list[np.ndarray], combined: list[np.ndarray] | None, replies: list[Reply]
+    ) -> dict[str, float]:
+        """Move the values after a round from the global update and the replies' ``phi``; the round's signals.
+
+        A probe round tallies its replies' local progress instead, and the last one sets the start.
+        """
+        if self.probing:
+            return self.probe_update(replies)
+        if combined is None or not replies:
+            return {}
         aggregate = RoundAggregate(
             update=flatten(combined, np.float64) - flatten(previous, np.float64),
             examples=np.array([reply.num_examples for reply in replies], dtype=np.float64),
@@ -61,12 +100,41 @@ class FathomTuner:
         self.state, hg = fathom_update(self.state, aggregate, self.settings, work_bounds=self.work_bounds)
         return {"H": hg.global_term, "G": hg.local_term, "phi-mean": float(np.mean(aggregate.phis))}
 
+    def probe_update(self, replies: list[Reply]) -> dict[str, float]:
+        """Tally a probe round; after the last, start from the slot whose clients' loss fell most."""
+        progress = {reply.partition: local_progress(float(reply.metrics.get(TRAIN_LOSS, np.nan)),
+                                                    float(reply.metrics.get(START_LOSS, np.nan)))
+                    for reply in replies}  # fmt: skip
+        self.probe = tallied(self.probe, self.slots, progress)
+        self.slots = {}
+        signals = {"probe-round": float(self.probe.rounds)}
+        if self.probing:
+            return signals
+        means, slot = self.probe.means(), probe_choice(self.probe)
+        start = self.state.lr
+        low, high = self.settings.lr_bounds
+        self.state = replace(self.state, lr=float(min(max(start * self.factors[slot], low), high)))
+        if not np.isfinite(means).any():
+            log(WARNING, "start probe: no reply carried both train-loss and start-loss; %s stays at %s",
+                self.keys["step"], start)  # fmt: skip
+        tried = ", ".join(f"{start * f:.4g}: {m:.4f}{' (failed)' if bad else ''}"
+                          for f, m, bad in zip(self.factors, means, self.probe.failed, strict=True))  # fmt: skip
+        log(INFO, "start probe: mean train-loss / start-loss by %s: %s; starting from %s = %.4g", self.keys["step"],
+            tried, self.keys["step"], self.state.lr)  # fmt: skip
+        return signals | {"probe-factor": float(self.factors[slot]), "probe-rho": float(means[slot])}
+
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict]:
         """Arrays and scalars a checkpoint keeps: the values in force, the update count, the smoothed update."""
         state = self.state
         scalars = {"lr": state.lr, "epochs": state.epochs, "batch-size": state.batch_size, "round": state.round}
         smoothed = state.smoothed_update
-        return ({"fathom/smoothed-update": smoothed} if smoothed is not None else {}), scalars
+        arrays = {"fathom/smoothed-update": smoothed} if smoothed is not None else {}
+        if self.probe is not None:
+            probe = self.probe
+            arrays |= {"fathom/probe-sums": probe.sums, "fathom/probe-counts": probe.counts.astype(np.float64),
+                       "fathom/probe-failed": probe.failed.astype(np.float64)}  # fmt: skip
+            scalars["probe-rounds"] = self.probe.rounds
+        return arrays, scalars
 
     def restore(self, arrays: dict[str, np.ndarray], state: dict) -> None:
         """The inverse of :meth:`checkpoint_state`."""
@@ -74,3 +142,8 @@ class FathomTuner:
             lr=float(state["lr"]), epochs=float(state["epochs"]), batch_size=float(state["batch-size"]),
             smoothed_update=arrays.get("fathom/smoothed-update"), round=int(state["round"]),
         )  # fmt: skip
+        if self.probe is not None:
+            self.probe = ProbeTally(sums=np.asarray(arrays["fathom/probe-sums"], dtype=np.float64),
+                                    counts=np.asarray(arrays["fathom/probe-counts"], dtype=np.int64),
+                                    failed=np.asarray(arrays["fathom/probe-failed"], dtype=bool),
+                                    rounds=int(state["probe-rounds"]))  # fmt: skip

@@ -210,12 +210,20 @@ def test_an_untuned_client_reports_no_phi():
 
 
 @pytest.mark.e2e
-def test_a_tuned_per_fedavg_simulation_records_its_trajectory(tmp_path):
-    config = {"tune": "fathom", "perfedavg-beta": 0.1, "fathom-gamma-lr": 0.2, "num-server-rounds": 4,
-              "eval-every": 4, "results-dir": str(tmp_path), "run-name": "tuned"}  # fmt: skip
+def test_tuned_simulations_with_and_without_a_start_probe_record_their_trajectories(tmp_path):
+    # Per-FedAvg with FATHOM's rule alone, FedAvg with a 2-round start probe first; one simulation, side by side
+    runs = {
+        "tuned": {"tune": "fathom", "perfedavg-beta": 0.1, "fathom-gamma-lr": 0.2, "num-server-rounds": 4,
+                  "eval-every": 4},
+        "probed": {"strategy": "fedavg", "tune": "fathom", "lr": 0.01, "fathom-probe-rounds": 2,
+                   "fathom-probe-points": 3, "fathom-probe-factor": 10.0, "num-server-rounds": 4, "eval-every": 4,
+                   "fraction-fit": 0.6},
+    }  # fmt: skip
+    runs = {name: {**config, "results-dir": str(tmp_path), "run-name": name} for name, config in runs.items()}
     with LocalSimulation(app_dir=REPO) as sim:
-        outcome = sim.run(run_config=config, num_supernodes=10, timeout_s=300)
-    assert outcome.ok, outcome.log_tail
+        outcomes = sim.run_many(runs, num_supernodes=10, timeout_s=300)
+    for name, outcome in outcomes.items():
+        assert outcome.ok, (name, outcome.log_tail)
     records = [json.loads(line) for line in (tmp_path / "tuned" / "metrics.jsonl").read_text().splitlines()]
     betas = [r["hp-perfedavg-beta"] for r in records]
     assert betas[0] == 0.1 and len(set(betas)) > 1  # it moved
@@ -223,3 +231,12 @@ def test_a_tuned_per_fedavg_simulation_records_its_trajectory(tmp_path):
     assert (tmp_path / "tuned" / "tuning.png").stat().st_size > 0
     summary = json.loads((tmp_path / "tuned" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["settings"]["tune"] == "fathom"
+    # the probe: rounds 1-2 try lr 0.001, 0.01 and 0.1 and report their tally; round 3 starts from the choice
+    probed = [json.loads(line) for line in (tmp_path / "probed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("probe-round") for r in probed] == [1.0, 2.0, None, None]
+    factor = probed[1]["probe-factor"]
+    assert factor in (0.1, 1.0, 10.0) and 0 < probed[1]["probe-rho"] < 2
+    assert probed[0]["hp-lr"] == probed[1]["hp-lr"] == 0.01
+    assert probed[2]["hp-lr"] == pytest.approx(0.01 * factor)  # the probe's choice is the tuner's start
+    assert all("start-loss" in r for r in probed)
+    assert (tmp_path / "probed" / "tuning.png").stat().st_size > 0

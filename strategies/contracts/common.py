@@ -55,9 +55,12 @@ TRAIN_CLASSES, TEST_CLASSES = "train-classes", "test-classes"
 DATA_FINGERPRINT = "data-fingerprint"  # SHA-256 of a node's arrays (ClientData.fingerprint): which data it trained on
 RAY_NODE = "ray-node"  # the Ray node id a simulated client answered the preflight on ("" outside Ray)
 SMALL_BATCH = "small-batch"  # 1 when a batch size exceeded the client's training set and min(b, n) was used
+START_LOSS = "start-loss"  # the first local step's loss: the model as received, on the client's first batch
 
 FIT_METRICS = (
     Metric(TRAIN_LOSS, "mean training loss over the local steps", 0.0, MAX_REASONABLE_LOSS),
+    Metric(START_LOSS, "the first local step's loss (the model as received, on the first batch)", 0.0,
+           MAX_REASONABLE_LOSS),  # fmt: skip
     Metric(LOCAL_STEPS, "local steps taken", 0.0, summary=("sum",), record_as="client-steps"),
     Metric(GRAD_EVALS, "mini-batch gradient evaluations", 0.0, summary=("sum",)),
     Metric(HVP_EVALS, "Hessian-vector products", 0.0, summary=("sum",)),

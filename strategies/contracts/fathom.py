@@ -43,6 +43,14 @@ class FathomSettings(MethodSettings):
     batch_max: float = key(5096.0, "upper bound of the batch size", at_least=1, server_only=True)
     step: str = key("", "tune = fathom: the step-size key it moves ('' = the method's own: lr, perfedavg-beta; "
                     "Per-FedAvg also allows perfedavg-alpha)", server_only=True)  # fmt: skip
+    probe_rounds: int = key(0, "start probe: in the first rounds the sampled clients try the step size times "
+                            "probe-factor**k, k = -(points // 2) .. points // 2, and the tuner starts from the one "
+                            "whose clients' training loss fell most (0 = off: FATHOM as published)", at_least=0,
+                            server_only=True)  # fmt: skip
+    probe_factor: float = key(3.0, "start probe: the ratio between neighbouring step sizes it tries", above=1,
+                              server_only=True)  # fmt: skip
+    probe_points: int = key(5, "start probe: how many step sizes it tries (odd: the start is the middle one)",
+                            at_least=3, at_most=15, server_only=True)  # fmt: skip
     local_term: str = key("cosine", "cosine (the author's code) or eq12 (the paper's eq. 12, scaled by lr)",
                           choices=LOCAL_TERMS, server_only=True)  # fmt: skip
 
@@ -74,6 +82,9 @@ class FathomSettings(MethodSettings):
         return f"fathom-gamma-{name}", getattr(self, f"gamma_{name}")
 
     def check(self) -> None:
+        if self.probe_points % 2 == 0:
+            raise ConfigError(f"run config key 'fathom-probe-points': {self.probe_points} is even; the start value is "
+                              "the middle one, so it must be odd (3, 5, 7, ...)")  # fmt: skip
         for low, high in (("lr_min", "lr_max"), ("epochs_min", "epochs_max"), ("steps_min", "steps_max"),
                           ("batch_min", "batch_max")):  # fmt: skip
             if getattr(self, low) > getattr(self, high):
