@@ -58,6 +58,8 @@ TUNED_STARTS = {"perfedavg": (0.01, 0.3), "fedavg": (0.01, 0.3), "alpha": (0.001
 ALPHA_BETA = 0.1  # the alpha cases hold beta at B1's value
 GAMMA = 0.1
 TUNER = {"tune": "fathom", "fathom-gamma-lr": GAMMA, "fathom-gamma-epochs": 0.0, "fathom-gamma-batch": 0.0}
+PROBE = {"fathom-probe-rounds": 3}  # the tuner's start probe: 3 rounds trying the start x 3^k, k = -2..2
+PROBED = ("perfedavg", "fedavg")  # the methods whose bad starts also run with the probe
 METHODS = {"perfedavg": ("Per-FedAvg HF", "perfedavg-beta"), "fedavg": ("FedAvg + update", "lr"),
            "alpha": (f"Per-FedAvg HF (beta = {ALPHA_BETA})", "perfedavg-alpha")}  # fmt: skip
 
@@ -72,11 +74,15 @@ def configurations(methods: tuple[str, ...]) -> list[dict]:
         for step in TUNED_STARTS[method]:
             out.append({"method": method, "label": f"{label} + tuner from {step_key} = {step}", "step": step,
                         "tuned": True})  # fmt: skip
+        if method in PROBED:
+            out += [{"method": method, "label": f"{label} + tuner with the start probe from {step_key} = {step}",
+                     "step": step, "tuned": True, "probe": True} for step in TUNED_STARTS[method]]  # fmt: skip
     return out
 
 
 def run_key(seed: int, case: dict, rounds: int) -> str:
-    return f"{seed}|{case['label']}|{rounds}|gamma={GAMMA if case['tuned'] else 0}"
+    probe = "|probe" if case.get("probe") else ""
+    return f"{seed}|{case['label']}|{rounds}|gamma={GAMMA if case['tuned'] else 0}{probe}"
 
 
 def summarise(run_dir: Path, step_key: str) -> dict:
@@ -98,7 +104,8 @@ def summarise(run_dir: Path, step_key: str) -> dict:
 
 def run_case(sim: LocalSimulation, case: dict, *, seed: int, rounds: int, data_dir: Path, results: str,
              federation: str) -> dict:  # fmt: skip
-    name = f"s{seed}-{case['method']}-{'tuned' if case['tuned'] else 'fixed'}-{case['step']}"
+    kind = "probed" if case.get("probe") else "tuned" if case["tuned"] else "fixed"
+    name = f"s{seed}-{case['method']}-{kind}-{case['step']}"
     if case["method"] == "alpha":
         config = run_config(Row(ROW.tau, case["step"]), "perfedavg", "hf", beta=ALPHA_BETA, rounds=rounds, seed=seed,
                             data_dir=data_dir, results=results, name=name)  # fmt: skip
@@ -108,7 +115,7 @@ def run_case(sim: LocalSimulation, case: dict, *, seed: int, rounds: int, data_d
                             data_dir=data_dir, results=results, name=name)  # fmt: skip
     config["eval-every"] = max(1, rounds // 4)
     if case["tuned"]:
-        config.update(TUNER)
+        config.update(TUNER | (PROBE if case.get("probe") else {}))
         if case["method"] == "alpha":  # alpha moves instead of beta; the evaluation adapts with the alpha in force
             config.update({"fathom-step": "perfedavg-alpha", "adapt-lr": 0.0})
     outcome = sim.run(run_config=config, num_supernodes=NUM_USERS, extra_federation=federation)
@@ -193,14 +200,18 @@ def plot(rep: dict, runs: dict[str, list[dict]], cases: list[dict], path: Path) 
             for r in runs.get(case["label"], []):
                 if case["tuned"]:
                     colour = "tab:blue" if case["step"] == min(TUNED_STARTS[method]) else "tab:red"
+                    probe = case.get("probe", False)
                     ax.plot(range(1, len(r["trajectory"]) + 1), r["trajectory"], color=colour, alpha=0.7,
-                            label=f"tuned from {case['step']}" if r["seed"] == rep["seeds"][0] else None)  # fmt: skip
+                            ls="--" if probe else "-",
+                            label=f"tuned{' with the probe' if probe else ''} from {case['step']}"
+                            if r["seed"] == rep["seeds"][0] else None)  # fmt: skip
             if not case["tuned"]:
                 ax.axhline(case["step"], color="grey", lw=0.8, ls=":")
         ax.set_yscale("log")
         ax.set_xlabel("round")
         ax.set_ylabel(f"{step_key} in force")
-        ax.set_title(f"{label}: step size per round (dotted: the fixed sweep)", fontsize=9)
+        ax.set_title(f"{label}: step size per round (dotted: the fixed sweep; dashed: with the start probe)",
+                     fontsize=9)  # fmt: skip
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()
