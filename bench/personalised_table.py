@@ -132,7 +132,8 @@ def own_keys(method: str, dataset: Dataset) -> dict:
     keys, lr, cnn = dict(METHOD_KEYS.get(method, ({}, ""))[0]), dataset.lr(), dataset.model.startswith("cnn")
     if method == "perfedavg":
         keys.update({"perfedavg-beta": lr, "perfedavg-alpha": 0.01 if cnn else 0.05,
-                     "perfedavg-variant": "so" if cnn else "hf"})  # fmt: skip
+                     "perfedavg-variant": "so" if cnn else "hf",
+                     "perfedavg-curvature-bound": 0.0})  # fmt: skip  # the paper's estimator, as B7 was run
     elif method == "diffusion":
         keys.update({"diffusion-mu": lr, "diffusion-participation": dataset.per_round / dataset.clients})
     elif method == "ditto":

@@ -258,3 +258,41 @@ def test_a_curvature_bound_leaves_fo_as_it_is():
                             curvature_bound=1e-6)  # fmt: skip
     plain = meta_gradient(loss, (torch.tensor(w),), (None, None, None), alpha=0.5, variant="fo")
     assert torch.equal(bounded.direction[0], plain.direction[0])
+
+
+def test_the_default_curvature_bound_is_0_3_for_so_on_a_relu_model_and_off_elsewhere():
+    def bound(**keys):
+        run = settings(strategy="perfedavg", **keys)
+        return run.method.curvature_bound_on(run.training.model)
+
+    assert bound(perfedavg_variant="so", model="cnn-small") == 0.3
+    assert bound(perfedavg_variant="so", model="cnn") == 0.3
+    assert bound(perfedavg_variant="so", model="mlp") == 0.0  # the paper's estimator where it is exact
+    assert bound(perfedavg_variant="hf", model="cnn-small") == 0.0  # hf on ReLU is warned against instead
+    assert bound(perfedavg_variant="so", model="cnn-small", perfedavg_curvature_bound=0.0) == 0.0
+    assert bound(perfedavg_variant="so", model="mlp", perfedavg_curvature_bound=0.5) == 0.5
+
+
+def test_a_curvature_bound_between_minus_one_and_zero_is_refused_naming_the_key():
+    from app.config import ConfigError
+
+    with pytest.raises(ConfigError, match="'perfedavg-curvature-bound': -0.5 is neither -1"):
+        settings(strategy="perfedavg", perfedavg_curvature_bound=-0.5)
+
+
+def test_the_client_steps_with_the_bound_in_force(monkeypatch):
+    import clients.perfedavg as module
+
+    seen = []
+    real = module.meta_direction
+
+    def spy(**kwargs):
+        seen.append(kwargs["curvature_bound"])
+        return real(**kwargs)
+
+    monkeypatch.setattr(module, "meta_direction", spy)
+    client = small_client(perfedavg_variant="so", perfedavg_curvature_bound=0.25)
+    client.fit(client.get_parameters({}), {"server-round": 1})
+    client = small_client(perfedavg_variant="so")  # the default on logreg (not ReLU): the paper's estimator
+    client.fit(client.get_parameters({}), {"server-round": 1})
+    assert seen == [0.25, 0.0]
