@@ -170,8 +170,16 @@ def plot_tuning(rounds: list[dict], path: Path, *, title: str) -> None:
         signals.plot(x, [r.get(name, math.nan) for r in rounds], label=name)
     signals.set_ylabel("signal")
     signals.set_xlabel("round")
-    signals.legend(loc="best", fontsize=8)
     signals.grid(alpha=0.3)
+    probed = [r for r in rounds if "probe-round" in r]
+    if probed:  # the tuner's start probe: its rounds shaded, and the factor it chose
+        first, last = probed[0]["round"], probed[-1]["round"]
+        chosen = next((r["probe-factor"] for r in probed if "probe-factor" in r), None)
+        label = f"start probe (chose x{chosen:.3g})" if chosen is not None else "start probe"
+        for ax in axes[:, 0]:
+            ax.axvspan(first - 0.5, last + 0.5, color="grey", alpha=0.15, lw=0,
+                       label=label if ax is signals else None)  # fmt: skip
+    signals.legend(loc="best", fontsize=8)
     axes[0, 0].set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
