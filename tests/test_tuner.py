@@ -240,3 +240,25 @@ def test_tuned_simulations_with_and_without_a_start_probe_record_their_trajector
     assert probed[2]["hp-lr"] == pytest.approx(0.01 * factor)  # the probe's choice is the tuner's start
     assert all("start-loss" in r for r in probed)
     assert (tmp_path / "probed" / "tuning.png").stat().st_size > 0
+
+
+def test_a_probe_round_sends_each_slot_its_step_and_the_model_takes_the_middle_slot_alone():
+    run = tuned_perfedavg(**{"fathom-probe-rounds": 1, "fathom-probe-points": 3, "fathom-probe-factor": 2.0,
+                             "fraction-fit": 1.0})  # fmt: skip
+    strategy, manager, proxies = strategy_with_clients(run, 3)
+    instructions = strategy.configure_fit(1, strategy.global_parameters, manager)
+    betas = {int(ins.config["partition-id"]): ins.config["perfedavg-beta"] for _, ins in instructions}
+    chosen = strategy.record["fit-partitions"]  # in sampling order: slots 1, 2, 0 in round 1
+    assert [betas[p] for p in chosen] == pytest.approx([0.05, 0.1, 0.025])
+    assert strategy.record["hp-perfedavg-beta"] == 0.05  # the record keeps the value in force
+    by_partition = {proxy.partition: proxy for proxy in proxies}
+    # the middle slot (beta 0.05) replies 1.0; the others 7.0 and 9.0; only the middle reaches the model
+    values = {chosen[0]: (1.0, 3.0), chosen[1]: (7.0, 2.0), chosen[2]: (9.0, 3.9)}
+    results = [(by_partition[p], FitRes(OK, ndarrays_to_parameters([np.full(s, v, np.float32) for s in SHAPES]), 10,
+                                        {"phi": 0.0, "train-loss": loss, "start-loss": 4.0, "partition-id": p}))
+               for p, (v, loss) in values.items()]  # fmt: skip
+    _, metrics = strategy.aggregate_fit(1, results, [])
+    assert all(np.all(a == 1.0) for a in strategy.global_model)
+    # rho: 0.75 (middle), 0.5 (x2), 0.975 (x0.5): the tuner starts from beta 0.1
+    assert metrics["probe-factor"] == 2.0 and metrics["probe-rho"] == pytest.approx(0.5)
+    assert strategy.fit_config(2)["perfedavg-beta"] == pytest.approx(0.1)
