@@ -228,8 +228,13 @@ def arms_of(baseline: Start, *, fix: bool) -> list[Arm]:
     return arms
 
 
-def run_all(bench: Bench, arms: list[Arm], seeds: list[int]) -> None:
-    """Every arm for one seed before the next seed, so a partial run log covers every arm."""
+def run_all(bench: Bench, arms: list[Arm], seeds: list[int], first: tuple[str, ...] = ()) -> None:
+    """The arms named in ``first`` for every seed, then every arm for one seed before the next, so a partial
+    run log covers every arm (or the ones asked for first)."""
+    for seed in seeds:
+        for start, method in arms:
+            if arm_name(start, method) in first:
+                bench.run(method, start, seed)
     for seed in seeds:
         for start, method in arms:
             bench.run(method, start, seed)
@@ -497,11 +502,12 @@ def plot(rep: dict, runs: dict[str, list[dict]], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 5, figsize=(22, 4))
     colours = {"baseline": "tab:blue", "bad lr": "tab:orange", "bad batch": "tab:green", "bad lr|fix": "tab:red",
-               "bad lr|fix-sm0.9": "tab:purple"}  # fmt: skip
+               "bad lr|fix-sm0.9": "tab:purple", "above": "tab:brown", "baseline|probe": "tab:cyan",
+               "bad lr|probe": "tab:olive", "above|probe": "tab:pink"}  # fmt: skip
     for key, results in runs.items():
         label, method, *variant = key.split("|")
         colour = colours["|".join([label, *variant])]
-        style = "-" if method == "fathom" else ":"
+        style = ":" if method != "fathom" else "--" if variant == ["probe"] else "-"
         for i, r in enumerate(results):
             name = f"{method}, {' '.join([label, *variant])}" if i == 0 else None
             axes[0].plot(*zip(*r["curve"], strict=True), style, color=colour, label=name, alpha=0.8, lw=0.8)
@@ -541,6 +547,9 @@ def main() -> None:
     parser.add_argument("--extend-rounds", type=int, default=0, metavar="ROUNDS",
                         help=f"also run {', '.join(EXTENDED)} from lr 0.01 for ROUNDS rounds")  # fmt: skip
     parser.add_argument("--report-only", action="store_true", help="the report from the recorded runs, no new runs")
+    parser.add_argument("--first", nargs="+", default=[], metavar="ARM",
+                        help="run these arms (start|method[|variant], e.g. 'bad lr|fathom|probe') for every seed "
+                             "before the others")  # fmt: skip
     parser.add_argument("--data-dir", type=Path, default=SHARED_DATA / "femnist-leaf")
     parser.add_argument("--federation", default="client-resources-num-cpus=1")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "fathom_vs_fedavg.json")
@@ -569,7 +578,7 @@ def main() -> None:
                 return
             arms = arms_of(baseline, fix=not args.no_fix)
             if sim is not None:
-                run_all(bench, arms, args.seeds)
+                run_all(bench, arms, args.seeds, tuple(args.first))
             rep, runs = report(bench, arms, args.seeds, grid)
             if args.extend_rounds:
                 rep["extended"] = extend(bench, baseline, args.seeds, args.extend_rounds, rep["target"])

@@ -13,7 +13,11 @@ reports the global loss (on the training images of writers 60-104) after the mea
 their updates, the mean local progress ``rho = mean local loss / first step's loss``
 (what the start probe compares) and the spread of ``rho`` over cohorts of 3 writers.
 
-    python bench/step_signals.py     # about 3 minutes on 2 cores; bench/results/step_signals.json and .md
+Then the start probe itself, as B2 runs it (in process, ``bench/inprocess.py``): its 3 rounds
+from lr 0.01, 0.1 and 0.3 for seeds 0-2, every reply's ``rho`` by slot, and the slot that
+the mean (the probe's rule) and the median of ``rho`` would choose.
+
+    python bench/step_signals.py     # about 8 minutes on 2 cores; bench/results/step_signals.json and .md
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import SHARED_DATA, machine  # noqa: E402
+from bench.fathom_vs_fedavg import PROBE, Start, run_config  # noqa: E402
+from bench.inprocess import InProcessRun  # noqa: E402
 from clients.models import build_model  # noqa: E402
 from clients.training import axpy, gradient, model_loss, to_tensor  # noqa: E402
 from datasets.leaf import load_femnist  # noqa: E402
@@ -87,9 +93,11 @@ def main() -> None:
                          "global-loss-after": global_loss(after), "rho-mean": float(np.mean(rhos)),
                          "rho-cohort-sd": float(np.std(cohorts))})  # fmt: skip
         print(f"{label}: done", flush=True)
+    probes = [probe_slots(lr, seed, data) for lr in (0.01, 0.1, 0.3) for seed in (0, 1, 2)]
     out = REPO / "bench" / "results"
     results = {"benchmark": "step_signals", "machine": machine(), "seconds": time.perf_counter() - started,
-               "batch": BATCH, "probed-writers": len(PROBED), "held-out-writers": len(HELD_OUT), "rows": rows}
+               "batch": BATCH, "probed-writers": len(PROBED), "held-out-writers": len(HELD_OUT), "rows": rows,
+               "probes": probes}
     (out / "step_signals.json").write_text(json.dumps(results, indent=1) + "\n")
     lines = ["One epoch (batch 16) on writers 0-29 from each model, at each lr: the global loss on writers 60-104's "
              "training images after their mean update, and rho = mean local loss / first step's loss.", "",
@@ -98,8 +106,42 @@ def main() -> None:
     for r in rows:
         lines.append(f"| {r['start']} | {r['global-loss-before']:.4f} | {r['lr']} | {r['global-loss-after']:.4f} | "
                      f"{r['rho-mean']:.4f} | {r['rho-cohort-sd']:.4f} |")  # fmt: skip
+    lines += ["", "The start probe as B2 runs it (3 rounds, slots x1/9 .. x9): each slot's rho (mean / median), the "
+              "factor the probe chose (lowest mean) and the one the median would choose.", "",
+              "| start lr | seed | rho by slot, x1/9 .. x9: mean / median | the probe chose | median would |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for probe in probes:
+        cells = ", ".join(f"{m:.3f} / {d:.3f}" for m, d in zip(probe["means"], probe["medians"], strict=True))
+        lines.append(f"| {probe['lr']} | {probe['seed']} | {cells} | x{probe['chosen']:.3g} | "
+                     f"x{probe['median-chooses']:.3g} |")
     (out / "step_signals.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def probe_slots(lr: float, seed: int, data: Path) -> dict:
+    """B2's start probe from ``lr`` on ``seed``, in process: every reply's rho by slot."""
+    config = run_config("fathom", Start("probe", lr, BATCH), seed=seed, rounds=500, data_dir=data) | PROBE
+    run = InProcessRun(run_config=config, num_clients=105)
+    tuner, by_slot = run.strategy.tuner, {}
+    tally = tuner.probe_update
+
+    def watched(replies):  # the tuner's own tally, and each reply's rho kept by slot
+        for reply in replies:
+            rho = float(reply.metrics["train-loss"]) / float(reply.metrics["start-loss"])
+            by_slot.setdefault(tuner.slots[reply.partition], []).append(rho)
+        return tally(replies)
+
+    tuner.probe_update = watched
+    while tuner.probing:
+        run.step()
+    slots = range(len(tuner.factors))
+    means = [float(np.mean(by_slot.get(k, [np.nan]))) for k in slots]
+    medians = [float(np.median(by_slot.get(k, [np.nan]))) for k in slots]
+    factors = [float(f) for f in tuner.factors]
+    print(f"probe from lr {lr}, seed {seed}: chose x{tuner.state.lr / lr:.3g}", flush=True)
+    return {"lr": lr, "seed": seed, "factors": factors, "rho": {str(k): by_slot.get(k, []) for k in slots},
+            "means": means, "medians": medians, "mean-chooses": factors[int(np.nanargmin(means))],
+            "median-chooses": factors[int(np.nanargmin(medians))], "chosen": tuner.state.lr / lr}
 
 
 if __name__ == "__main__":
