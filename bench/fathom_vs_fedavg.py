@@ -296,12 +296,12 @@ def report(bench: Bench, arms: list[Arm], seeds: list[int], grid: list[dict]) ->
             "wall-seconds": sum(r["wall-seconds"] for r in results),
         })  # fmt: skip
     ratios = {}
-    base = {r["method"] + (f"|{r['variant']}" if r["variant"] else ""): r for r in rows if r["start"] == "baseline"}
-    probe_ratios = {}
-    for arm, out in (("fathom", ratios), ("fathom|probe", probe_ratios)):
-        if base.get("fedavg", {}).get("reached") and base.get(arm, {}).get("reached"):
+    by_arm = {r["arm"]: r for r in rows}
+    fedavg, probe_ratios = by_arm.get("baseline|fedavg", {}), {}
+    for arm, out in (("baseline|fathom", ratios), ("baseline|fathom|probe", probe_ratios)):
+        if fedavg.get("reached") and by_arm.get(arm, {}).get("reached"):
             for key in ("rounds-to-target", "grads-to-target"):
-                out[key] = statistics.mean(base[arm][key]) / statistics.mean(base["fedavg"][key])
+                out[key] = statistics.mean(by_arm[arm][key]) / statistics.mean(fedavg[key])
     rep = {
         "benchmark": "B2",
         "quick": bench.args.quick,

@@ -74,11 +74,16 @@ def hypergradients(state: FathomState, aggregate: RoundAggregate, settings: Fath
     return Hypergradients(h, g)
 
 
+def clipped(value: float, bounds: tuple[float, float]) -> float:
+    """``value`` within ``bounds`` (low, high)."""
+    return float(min(max(value, bounds[0]), bounds[1]))
+
+
 def _moved(value: float, gamma: float, signal: float, bounds: tuple[float, float]) -> float:
     """``clip(value * exp(-gamma * signal))``; a hyper-step of 0 holds the value as it is, unclipped."""
     if gamma == 0:
         return value
-    return float(min(max(value * math.exp(-gamma * signal), bounds[0]), bounds[1]))
+    return clipped(value * math.exp(-gamma * signal), bounds)
 
 
 def fathom_update(

@@ -24,7 +24,7 @@ from strategies.contracts.common import START_LOSS, TRAIN_LOSS
 from strategies.contracts.contract import Metric
 from strategies.contracts.fathom import CONTRACT as FATHOM
 from strategies.contracts.fathom import PHI, FathomSettings
-from strategies.fathom_math import FathomState, RoundAggregate, fathom_update
+from strategies.fathom_math import FathomState, RoundAggregate, clipped, fathom_update
 from strategies.screening import Reply
 from strategies.start_probe import ProbeTally, local_progress, probe_choice, probe_factors, probe_slots, tallied
 
@@ -65,9 +65,12 @@ class FathomTuner:
         if not self.probing:
             return {partition: config for partition in partitions}
         self.slots = probe_slots(partitions, server_round, self.settings.probe_points)
-        key, low, high = self.keys["step"], *self.settings.lr_bounds
-        return {partition: {**config, key: float(min(max(self.state.lr * self.factors[slot], low), high))}
-                for partition, slot in self.slots.items()}  # fmt: skip
+        key = self.keys["step"]
+        return {partition: {**config, key: self.slot_step(slot)} for partition, slot in self.slots.items()}
+
+    def slot_step(self, slot: int) -> float:
+        """The step size probe slot ``slot`` tries: the start times its factor, within the step's bounds."""
+        return clipped(self.state.lr * self.factors[slot], self.settings.lr_bounds)
 
     def model_replies(self, replies: list[Reply]) -> list[Reply]:
         """The replies the global model combines: in a probe round the middle slot's alone."""
@@ -112,8 +115,7 @@ class FathomTuner:
             return signals
         means, slot = self.probe.means(), probe_choice(self.probe)
         start = self.state.lr
-        low, high = self.settings.lr_bounds
-        self.state = replace(self.state, lr=float(min(max(start * self.factors[slot], low), high)))
+        self.state = replace(self.state, lr=self.slot_step(slot))
         if not np.isfinite(means).any():
             log(WARNING, "start probe: no reply carried both train-loss and start-loss; %s stays at %s",
                 self.keys["step"], start)  # fmt: skip
