@@ -13,6 +13,16 @@ epochs ``E`` and the batch size ``B`` (all reals), each clipped to its bounds:
     E   <- E   * exp(-gamma_epochs * (N + G))
     B   <- B   * exp( gamma_batch * G)
     Delta_sm <- a * Delta_sm + (1 - a) * Delta_t
+
+With ``fathom-decay-window = W`` > 0 (issue 26; off by default) a stationarity test makes
+the decrease ``H`` cannot: once the last ``W * 2**k`` values of ``H`` (``k`` decays so far)
+no longer show progress, that is their mean is not below 0 by ``DECAY_Z`` standard errors,
+``eta <- eta / fathom-decay-factor`` and the window restarts. Near stationarity SGD's
+consecutive updates are only weakly anti-correlated (for a quadratic ``E[cos] ~ -eta h / 2``),
+so ``H`` calls for a smaller step weakly however long it calls; the test acts when
+consecutive updates stop agreeing, as the stationarity tests of statistical adaptive
+stochastic approximation do (SASA, Lang, Xiao and Zhang 2019), and the doubling window
+bounds the decays to about ``log2`` of the horizon.
 """
 
 from __future__ import annotations
@@ -40,6 +50,8 @@ class FathomState:
     batch_size: float
     smoothed_update: np.ndarray | None = None  # flattened; None until the first update
     round: int = 0
+    recent_h: tuple[float, ...] = ()  # H since the last decay (fathom-decay-window > 0 only)
+    decays: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -79,6 +91,29 @@ def clipped(value: float, bounds: tuple[float, float]) -> float:
     return float(min(max(value, bounds[0]), bounds[1]))
 
 
+DECAY_Z = 2.0  # progress must be 2 standard errors clear of none: a window of pure noise decays 97.7 % of the time
+
+
+def stationary(recent_h: np.ndarray, z: float = DECAY_Z) -> bool:
+    """Whether ``recent_h`` shows no progress: its mean is not below 0 by ``z`` standard errors or more.
+
+    ``H = -cos(Delta_t, Delta_sm)`` is negative while consecutive global updates agree, so
+    progress is a mean ``H`` clearly below 0; the test is one-sided on the t statistic.
+    """
+    values = np.asarray(recent_h, dtype=np.float64)
+    if values.size < 2:
+        return False
+    mean, spread = float(values.mean()), float(values.std(ddof=1))
+    if spread == 0:
+        return mean >= 0  # identical values: no progress unless they all say the updates agree
+    return mean / (spread / math.sqrt(values.size)) > -z
+
+
+def decay_window(window: int, decays: int) -> int:
+    """How many values of ``H`` the test needs after ``decays`` decays: ``window * 2**decays``."""
+    return window * 2**decays
+
+
 def _moved(value: float, gamma: float, signal: float, bounds: tuple[float, float]) -> float:
     """``clip(value * exp(-gamma * signal))``; a hyper-step of 0 holds the value as it is, unclipped."""
     if gamma == 0:
@@ -102,13 +137,21 @@ def fathom_update(
     hg = hypergradients(state, aggregate, settings)
     previous = state.smoothed_update if state.smoothed_update is not None else np.zeros_like(aggregate.update)
     smoothed = settings.smoothing * previous + (1.0 - settings.smoothing) * aggregate.update
+    lr, recent_h, decays = _moved(state.lr, settings.gamma_lr, hg.global_term, settings.lr_bounds), (), state.decays
+    if settings.decay_window > 0 and state.smoothed_update is not None:  # round 1's H is 0 by definition
+        needed = decay_window(settings.decay_window, state.decays)
+        recent_h = (*state.recent_h, hg.global_term)[-needed:]
+        if len(recent_h) == needed and stationary(np.array(recent_h), DECAY_Z):
+            lr, recent_h, decays = clipped(lr / settings.decay_factor, settings.lr_bounds), (), decays + 1
     new_state = replace(
         state,
-        lr=_moved(state.lr, settings.gamma_lr, hg.global_term, settings.lr_bounds),
+        lr=lr,
         epochs=_moved(state.epochs, settings.gamma_epochs, hg.global_term + hg.local_term,
                       work_bounds or settings.epochs_bounds),  # fmt: skip
         batch_size=_moved(state.batch_size, settings.gamma_batch, -hg.local_term, settings.batch_bounds),
         smoothed_update=smoothed,
         round=state.round + 1,
+        recent_h=recent_h,
+        decays=decays,
     )
     return new_state, hg

@@ -24,7 +24,7 @@ from strategies.contracts.common import START_LOSS, TRAIN_LOSS
 from strategies.contracts.contract import Metric
 from strategies.contracts.fathom import CONTRACT as FATHOM
 from strategies.contracts.fathom import PHI, FathomSettings
-from strategies.fathom_math import FathomState, RoundAggregate, clipped, fathom_update
+from strategies.fathom_math import FathomState, RoundAggregate, clipped, decay_window, fathom_update
 from strategies.screening import Reply
 from strategies.start_probe import ProbeTally, local_progress, probe_choice, probe_factors, probe_slots, tallied
 
@@ -100,8 +100,16 @@ class FathomTuner:
             examples=np.array([reply.num_examples for reply in replies], dtype=np.float64),
             phis=np.array([float(reply.metrics[PHI]) for reply in replies]),
         )
+        decays = self.state.decays
         self.state, hg = fathom_update(self.state, aggregate, self.settings, work_bounds=self.work_bounds)
-        return {"H": hg.global_term, "G": hg.local_term, "phi-mean": float(np.mean(aggregate.phis))}
+        signals = {"H": hg.global_term, "G": hg.local_term, "phi-mean": float(np.mean(aggregate.phis))}
+        if self.settings.decay_window > 0:
+            signals["lr-decays"] = float(self.state.decays)
+            if self.state.decays > decays:
+                log(INFO, "stationarity test: H's last %d values lean positive; %s divided by %s to %.4g",
+                    decay_window(self.settings.decay_window, decays), self.keys["step"], self.settings.decay_factor,
+                    self.state.lr)  # fmt: skip
+        return signals
 
     def probe_update(self, replies: list[Reply]) -> dict[str, float]:
         """Tally a probe round; after the last, start from the slot whose clients' loss fell most."""
@@ -128,9 +136,11 @@ class FathomTuner:
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict]:
         """Arrays and scalars a checkpoint keeps: the values in force, the update count, the smoothed update."""
         state = self.state
-        scalars = {"lr": state.lr, "epochs": state.epochs, "batch-size": state.batch_size, "round": state.round}
+        scalars = {"lr": state.lr, "epochs": state.epochs, "batch-size": state.batch_size, "round": state.round,
+                   "decays": state.decays}  # fmt: skip
         smoothed = state.smoothed_update
         arrays = {"fathom/smoothed-update": smoothed} if smoothed is not None else {}
+        arrays["fathom/recent-h"] = np.array(state.recent_h, dtype=np.float64)
         if self.probe is not None:
             probe = self.probe
             arrays |= {"fathom/probe-sums": probe.sums, "fathom/probe-counts": probe.counts.astype(np.float64),
@@ -143,6 +153,7 @@ class FathomTuner:
         self.state = FathomState(
             lr=float(state["lr"]), epochs=float(state["epochs"]), batch_size=float(state["batch-size"]),
             smoothed_update=arrays.get("fathom/smoothed-update"), round=int(state["round"]),
+            recent_h=tuple(float(h) for h in arrays.get("fathom/recent-h", ())), decays=int(state.get("decays", 0)),
         )  # fmt: skip
         if self.probe is not None:
             self.probe = ProbeTally(sums=np.asarray(arrays["fathom/probe-sums"], dtype=np.float64),

@@ -51,6 +51,12 @@ class FathomSettings(MethodSettings):
                               server_only=True)  # fmt: skip
     probe_points: int = key(5, "start probe: how many step sizes it tries (odd: the start is the middle one)",
                             at_least=3, at_most=15, server_only=True)  # fmt: skip
+    decay_window: int = key(0, "stationarity test: once the last window * 2**k values of H (k = decays so far) "
+                            "show no progress (their mean is not 2 standard errors below 0), the step size is "
+                            "divided by decay-factor (0 = off: FATHOM as published)", at_least=0,
+                            server_only=True)  # fmt: skip
+    decay_factor: float = key(2.0, "stationarity test: what a decay divides the step size by", above=1,
+                              server_only=True)  # fmt: skip
     local_term: str = key("cosine", "cosine (the author's code) or eq12 (the paper's eq. 12, scaled by lr)",
                           choices=LOCAL_TERMS, server_only=True)  # fmt: skip
 

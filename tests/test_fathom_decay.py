@@ -1,0 +1,91 @@
+"""FATHOM's stationarity test (``fathom-decay-window``): the test by hand and the decays it makes."""
+
+import math
+
+import numpy as np
+import pytest
+
+from strategies.contracts.fathom import FathomSettings
+from strategies.fathom_math import FathomState, RoundAggregate, fathom_update, stationary
+from strategies.screening import Reply
+from strategies.tuner import FathomTuner
+
+
+@pytest.mark.parametrize(
+    ("recent_h", "expected"),
+    [
+        ([-0.5, -0.4, -0.6], False),  # mean -0.5, sd 0.1: t = -0.5 / (0.1 / sqrt 3) = -8.66, clear progress
+        ([0.1, -0.1, 0.05], True),  # mean 0.0167: no progress
+        ([-0.3, 0.1, -0.1], True),  # mean -0.1, sd 0.2: t = -0.1 / (0.2 / sqrt 3) = -0.87 > -2
+        ([-0.3, -0.1, -0.2, -0.2], False),  # mean -0.2, sd 0.0816: t = -4.9
+        ([0.0, 0.0], True),  # identical: no progress
+        ([-0.2, -0.2], False),  # identical and agreeing
+        ([0.9], False),  # one value is no test
+    ],
+)
+def test_stationary_matches_the_t_statistic_by_hand(recent_h, expected):
+    assert stationary(np.array(recent_h)) is expected
+
+
+def test_stationary_threshold_is_z_standard_errors():
+    # mean -0.1, sd sqrt(0.04 / 3) = 0.1155, n 4: t = -0.1 / 0.0577 = -sqrt(3)
+    values = np.array([-0.2, 0.0, -0.2, 0.0])
+    assert stationary(values) is True  # -1.73 > -2
+    assert stationary(values - 0.1) is False  # mean -0.2: t = -3.46
+    assert stationary(values + 1e-9, z=math.sqrt(3)) is True  # a hair either side of t = -z flips the verdict
+    assert stationary(values - 1e-9, z=math.sqrt(3)) is False
+
+
+def run_updates(settings: FathomSettings, directions: list[tuple[float, float]], lr: float = 0.1) -> list[FathomState]:
+    state, states = FathomState(lr=lr, epochs=1.0, batch_size=16.0), []
+    for direction in directions:
+        aggregate = RoundAggregate(update=np.array(direction), phis=np.zeros(1), examples=np.ones(1))
+        state, _ = fathom_update(state, aggregate, settings)
+        states.append(state)
+    return states
+
+
+def test_oscillating_updates_divide_the_lr_after_a_window_then_after_a_doubled_one():
+    # gamma_lr 0: only the test moves lr. Updates alternate (1, 0), (-1, 0): after round 1,
+    # Delta_sm points against the next update, so H = +1 every round from round 2 on.
+    settings = FathomSettings(gamma_lr=0.0, gamma_epochs=0.0, gamma_batch=0.0, decay_window=2, decay_factor=2.0)
+    states = run_updates(settings, [(1.0, 0.0), (-1.0, 0.0)] * 4)
+    lrs = [s.lr for s in states]
+    # round 1 has no H; rounds 2-3 fill the first window (2) -> /2; rounds 4-7 the second (4) -> /2 again
+    assert lrs == pytest.approx([0.1, 0.1, 0.05, 0.05, 0.05, 0.05, 0.025, 0.025])
+    assert [s.decays for s in states] == [0, 0, 1, 1, 1, 1, 2, 2]
+    assert states[2].recent_h == () and states[5].recent_h == (1.0, 1.0, 1.0)
+
+
+def test_agreeing_updates_never_decay_and_the_test_leaves_fathoms_own_move():
+    settings = FathomSettings(gamma_lr=0.1, gamma_epochs=0.0, gamma_batch=0.0, decay_window=2)
+    states = run_updates(settings, [(1.0, 0.0)] * 6)
+    # H = -1 from round 2: lr * exp(0.1) a round, never divided
+    assert [s.lr for s in states] == pytest.approx([0.1 * math.exp(0.1 * k) for k in range(6)])
+    assert all(s.decays == 0 for s in states)
+
+
+def test_decay_respects_the_lower_bound_and_off_is_fathom_as_published():
+    bounded = FathomSettings(gamma_lr=0.0, gamma_epochs=0.0, gamma_batch=0.0, decay_window=2, lr_min=0.08)
+    assert run_updates(bounded, [(1.0, 0.0), (-1.0, 0.0)] * 2)[-1].lr == pytest.approx(0.08)
+    off = FathomSettings(gamma_lr=0.0, gamma_epochs=0.0, gamma_batch=0.0)
+    states = run_updates(off, [(1.0, 0.0), (-1.0, 0.0)] * 4)
+    assert all(s.lr == 0.1 and s.recent_h == () and s.decays == 0 for s in states)
+
+
+def test_the_tuner_reports_decays_and_resumes_its_window_from_a_checkpoint():
+    settings = FathomSettings(gamma_lr=0.0, gamma_epochs=0.0, gamma_batch=0.0, decay_window=3)
+    keys, start = {"step": "lr", "work": "local-epochs", "batch": "batch-size"}, {"lr": 0.1, "local-epochs": 1.0,
+                                                                                  "batch-size": 16}  # fmt: skip
+    replies = [Reply(node="n0", partition=0, arrays=[np.zeros(2)], num_examples=10, metrics={"phi": 0.0})]
+    tuner, model = FathomTuner(settings=settings, keys=keys, start=start), np.zeros(2)
+    steps = [np.array([1.0, 0.0]), np.array([-1.0, 0.0])] * 3
+    for step in steps[:3]:  # round 1 (no H) and two values of H: the window of 3 is not full yet
+        signals = tuner.update([model], [model + step], replies)
+        model = model + step
+    assert signals["lr-decays"] == 0.0 and len(tuner.state.recent_h) == 2
+    resumed = FathomTuner(settings=settings, keys=keys, start=start)
+    resumed.restore(*tuner.checkpoint_state())
+    for each in (tuner, resumed):
+        signals = each.update([model], [model + steps[3]], replies)
+        assert signals["lr-decays"] == 1.0 and each.values()["lr"] == pytest.approx(0.05)
