@@ -56,6 +56,9 @@ BAD_LR, BAD_BATCH = 0.01, 256
 ABOVE_LR = 0.3  # 3x the tuned lr: the FedAvg grid's one failure at batch 16 (0.07 after 120 rounds, seed 0)
 # The tuner's start probe (strategies/start_probe.py): 3 rounds trying lr x 3^k, k = -2..2, before FATHOM's rule
 PROBE = {"fathom-probe-rounds": 3}
+# ... and after it FATHOM's rule with the stationarity test (strategies/fathom_math.py): the lr halves whenever
+# 5 x 2^k rounds of H show no progress (issue 26's second attempt)
+PROBE_DECAY = PROBE | {"fathom-decay-window": 5}
 TARGET_SHARE = 0.95
 PLATEAU_ROUNDS = 10
 ESCAPE_LEVEL = 0.2  # accuracy that ends the initial plateau (the commonest class is 8.8% of the test data)
@@ -225,6 +228,9 @@ def arms_of(baseline: Start, *, fix: bool) -> list[Arm]:
     arms += [(Start(start.label, start.lr, start.batch, "probe", probe), "fathom")
              for start in (baseline, starts[1], Start("above", ABOVE_LR, baseline.batch))]  # fmt: skip
     arms.append((Start("above", ABOVE_LR, baseline.batch), "fathom"))
+    probe_decay = tuple(PROBE_DECAY.items())
+    arms += [(Start(start.label, start.lr, start.batch, "probe-decay", probe_decay), "fathom")
+             for start in (baseline, starts[1], Start("above", ABOVE_LR, baseline.batch))]  # fmt: skip
     return arms
 
 
@@ -297,8 +303,9 @@ def report(bench: Bench, arms: list[Arm], seeds: list[int], grid: list[dict]) ->
         })  # fmt: skip
     ratios = {}
     by_arm = {r["arm"]: r for r in rows}
-    fedavg, probe_ratios = by_arm.get("baseline|fedavg", {}), {}
-    for arm, out in (("baseline|fathom", ratios), ("baseline|fathom|probe", probe_ratios)):
+    fedavg, probe_ratios, probe_decay_ratios = by_arm.get("baseline|fedavg", {}), {}, {}
+    for arm, out in (("baseline|fathom", ratios), ("baseline|fathom|probe", probe_ratios),
+                     ("baseline|fathom|probe-decay", probe_decay_ratios)):  # fmt: skip
         if fedavg.get("reached") and by_arm.get(arm, {}).get("reached"):
             for key in ("rounds-to-target", "grads-to-target"):
                 out[key] = statistics.mean(by_arm[arm][key]) / statistics.mean(fedavg[key])
@@ -326,6 +333,7 @@ def report(bench: Bench, arms: list[Arm], seeds: list[int], grid: list[dict]) ->
         "rows": rows,
         "fathom/fedavg at baseline": ratios,
         "fathom with the start probe/fedavg at baseline": probe_ratios,
+        "fathom with the start probe and the stationarity test/fedavg at baseline": probe_decay_ratios,
         "complete": all(len(results) == len(seeds) for _, _, results in runs.values()),
         "federation": bench.args.federation,
         "machine": machine(),
