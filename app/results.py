@@ -179,6 +179,12 @@ def plot_tuning(rounds: list[dict], path: Path, *, title: str) -> None:
         for ax in axes[:, 0]:
             ax.axvspan(first - 0.5, last + 0.5, color="grey", alpha=0.15, lw=0,
                        label=label if ax is signals else None)  # fmt: skip
+    decays = [r["round"] for r, before in zip(rounds, [{}, *rounds], strict=False)
+              if r.get("lr-decays", 0) > before.get("lr-decays", 0)]  # fmt: skip
+    for k, decay in enumerate(decays):  # a decay after round r: the smaller step is in force from r + 1
+        for ax in axes[:, 0]:
+            ax.axvline(decay + 0.5, color="tab:red", ls=":", lw=1,
+                       label="stationarity test: step divided" if ax is signals and k == 0 else None)  # fmt: skip
     signals.legend(loc="best", fontsize=8)
     axes[0, 0].set_title(title, fontsize=9)
     fig.tight_layout()

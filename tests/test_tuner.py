@@ -211,13 +211,17 @@ def test_an_untuned_client_reports_no_phi():
 
 @pytest.mark.e2e
 def test_tuned_simulations_with_and_without_a_start_probe_record_their_trajectories(tmp_path):
-    # Per-FedAvg with FATHOM's rule alone, FedAvg with a 2-round start probe first; one simulation, side by side
+    # Per-FedAvg with FATHOM's rule alone, FedAvg with a 2-round start probe first, and Per-FedAvg with the probe
+    # and the stationarity test; one simulation, side by side
     runs = {
         "tuned": {"tune": "fathom", "perfedavg-beta": 0.1, "fathom-gamma-lr": 0.2, "num-server-rounds": 4,
                   "eval-every": 4},
         "probed": {"strategy": "fedavg", "tune": "fathom", "lr": 0.01, "fathom-probe-rounds": 2,
                    "fathom-probe-points": 3, "fathom-probe-factor": 10.0, "num-server-rounds": 4, "eval-every": 4,
                    "fraction-fit": 0.6},
+        "probed-decay": {"tune": "fathom", "perfedavg-beta": 0.1, "fathom-gamma-lr": 0.2, "fathom-probe-rounds": 2,
+                         "fathom-probe-points": 3, "fathom-decay-window": 2, "num-server-rounds": 7, "eval-every": 7,
+                         "fraction-fit": 0.6},
     }  # fmt: skip
     runs = {name: {**config, "results-dir": str(tmp_path), "run-name": name} for name, config in runs.items()}
     with LocalSimulation(app_dir=REPO) as sim:
@@ -240,6 +244,18 @@ def test_tuned_simulations_with_and_without_a_start_probe_record_their_trajector
     assert probed[2]["hp-lr"] == pytest.approx(0.01 * factor)  # the probe's choice is the tuner's start
     assert all("start-loss" in r for r in probed)
     assert (tmp_path / "probed" / "tuning.png").stat().st_size > 0
+    # Per-FedAvg: the probe's choice starts the rule; after it every round's beta is the last one moved by
+    # exp(-gamma H), then halved once per decay the stationarity test made (window 2, then 4)
+    decayed = [json.loads(line) for line in (tmp_path / "probed-decay" / "metrics.jsonl").read_text().splitlines()]
+    betas = [r["hp-perfedavg-beta"] for r in decayed]
+    assert [r.get("probe-round") for r in decayed[:2]] == [1.0, 2.0]
+    assert betas[2] == pytest.approx(0.1 * decayed[1]["probe-factor"])
+    decays = [r["lr-decays"] for r in decayed[2:]]
+    assert decays == sorted(decays) and decays[0] == 0 and set(decays) <= {0.0, 1.0, 2.0}
+    for before, after, previous in zip(decayed[2:-1], decayed[3:], [0.0, *decays], strict=False):
+        halvings = before["lr-decays"] - previous
+        expected = before["hp-perfedavg-beta"] * math.exp(-0.2 * before["H"]) / 2**halvings
+        assert after["hp-perfedavg-beta"] == pytest.approx(expected)
 
 
 def test_a_probe_round_sends_each_slot_its_step_and_the_model_takes_the_middle_slot_alone():
