@@ -56,9 +56,10 @@ BAD_LR, BAD_BATCH = 0.01, 256
 ABOVE_LR = 0.3  # 3x the tuned lr: the FedAvg grid's one failure at batch 16 (0.07 after 120 rounds, seed 0)
 # The tuner's start probe (strategies/start_probe.py): 3 rounds trying lr x 3^k, k = -2..2, before FATHOM's rule
 PROBE = {"fathom-probe-rounds": 3}
-# ... and after it FATHOM's rule with the stationarity test (strategies/fathom_math.py): the lr halves whenever
-# 5 x 2^k rounds of H show no progress (issue 26's second attempt)
-PROBE_DECAY = PROBE | {"fathom-decay-window": 5}
+# FATHOM's rule with the stationarity test (strategies/fathom_math.py): the lr halves whenever 5 x 2^k rounds of
+# H show no progress (issue 26's second attempt, B5's setting), alone and after the start probe
+DECAY = {"fathom-decay-window": 5}
+PROBE_DECAY = PROBE | DECAY
 TARGET_SHARE = 0.95
 PLATEAU_ROUNDS = 10
 ESCAPE_LEVEL = 0.2  # accuracy that ends the initial plateau (the commonest class is 8.8% of the test data)
@@ -228,9 +229,10 @@ def arms_of(baseline: Start, *, fix: bool) -> list[Arm]:
     arms += [(Start(start.label, start.lr, start.batch, "probe", probe), "fathom")
              for start in (baseline, starts[1], Start("above", ABOVE_LR, baseline.batch))]  # fmt: skip
     arms.append((Start("above", ABOVE_LR, baseline.batch), "fathom"))
-    probe_decay = tuple(PROBE_DECAY.items())
-    arms += [(Start(start.label, start.lr, start.batch, "probe-decay", probe_decay), "fathom")
-             for start in (baseline, starts[1], Start("above", ABOVE_LR, baseline.batch))]  # fmt: skip
+    # the stationarity test from the tuned start, alone and after the probe, and after the probe from lr 0.01
+    arms += [(Start(baseline.label, baseline.lr, baseline.batch, "decay", tuple(DECAY.items())), "fathom")]
+    arms += [(Start(start.label, start.lr, start.batch, "probe-decay", tuple(PROBE_DECAY.items())), "fathom")
+             for start in (baseline, starts[1])]  # fmt: skip
     return arms
 
 
@@ -303,9 +305,9 @@ def report(bench: Bench, arms: list[Arm], seeds: list[int], grid: list[dict]) ->
         })  # fmt: skip
     ratios = {}
     by_arm = {r["arm"]: r for r in rows}
-    fedavg, probe_ratios, probe_decay_ratios = by_arm.get("baseline|fedavg", {}), {}, {}
+    fedavg, probe_ratios, decay_ratios = by_arm.get("baseline|fedavg", {}), {}, {}
     for arm, out in (("baseline|fathom", ratios), ("baseline|fathom|probe", probe_ratios),
-                     ("baseline|fathom|probe-decay", probe_decay_ratios)):  # fmt: skip
+                     ("baseline|fathom|decay", decay_ratios)):  # fmt: skip
         if fedavg.get("reached") and by_arm.get(arm, {}).get("reached"):
             for key in ("rounds-to-target", "grads-to-target"):
                 out[key] = statistics.mean(by_arm[arm][key]) / statistics.mean(fedavg[key])
@@ -333,7 +335,7 @@ def report(bench: Bench, arms: list[Arm], seeds: list[int], grid: list[dict]) ->
         "rows": rows,
         "fathom/fedavg at baseline": ratios,
         "fathom with the start probe/fedavg at baseline": probe_ratios,
-        "fathom with the start probe and the stationarity test/fedavg at baseline": probe_decay_ratios,
+        "fathom with the stationarity test/fedavg at baseline": decay_ratios,
         "complete": all(len(results) == len(seeds) for _, _, results in runs.values()),
         "federation": bench.args.federation,
         "machine": machine(),
@@ -429,10 +431,11 @@ def markdown(rep: dict) -> str:
             f"FATHOM / FedAvg from the baseline start: rounds {ratio['rounds-to-target']:.2f}x, per-example "
             f"gradients {ratio['grads-to-target']:.2f}x (paper: about 0.67x and 0.68x).",
         ]
-    if rep.get("fathom with the start probe/fedavg at baseline"):
-        ratio = rep["fathom with the start probe/fedavg at baseline"]
-        lines += ["", f"FATHOM with the start probe / FedAvg from the baseline start: rounds "
-                  f"{ratio['rounds-to-target']:.2f}x, per-example gradients {ratio['grads-to-target']:.2f}x."]
+    for name, key in (("the start probe", "fathom with the start probe/fedavg at baseline"),
+                      ("the stationarity test", "fathom with the stationarity test/fedavg at baseline")):  # fmt: skip
+        if ratio := rep.get(key):
+            lines += ["", f"FATHOM with {name} / FedAvg from the baseline start: rounds "
+                      f"{ratio['rounds-to-target']:.2f}x, per-example gradients {ratio['grads-to-target']:.2f}x."]
     signal = [r for r in rep["rows"] if r["h-signal"]]
     if signal:
         lines += [

@@ -66,6 +66,13 @@ CASES = {
     "hf-mlp": {"strategy": "perfedavg", "perfedavg-variant": "hf", **PAPER, "model": "mlp"},
     "so-mlp": {"strategy": "perfedavg", "perfedavg-variant": "so", **PAPER, "model": "mlp"},
     "fo-mlp": {"strategy": "perfedavg", "perfedavg-variant": "fo", **PAPER, "model": "mlp"},
+    # (issue 26) bounded SO from beta 3x too large, fixed and tuned: FATHOM's rule with B5's hyper-step and the
+    # stationarity test (fathom-decay-window 5), moving beta only
+    "so-bound-beta-0.3": {"strategy": "perfedavg", "perfedavg-variant": "so", "perfedavg-curvature-bound": 0.3,
+                          "perfedavg-beta": 0.3, "lr": 0.3},
+    "so-bound-tuned-from-0.3": {"strategy": "perfedavg", "perfedavg-variant": "so", "perfedavg-curvature-bound": 0.3,
+                                "perfedavg-beta": 0.3, "lr": 0.3, "tune": "fathom", "fathom-gamma-lr": 0.1,
+                                "fathom-gamma-epochs": 0.0, "fathom-gamma-batch": 0.0, "fathom-decay-window": 5},
 }
 
 
@@ -171,12 +178,12 @@ def so_stall(seed: int, steps: int = PROXY_STEPS) -> dict:
 
 
 def run_config(case: str, seed: int, rounds: int, results: str) -> dict:
-    return {"dataset": "femnist", "data-dir": str(DATA), "partitioner": "natural", "model": "cnn-small", **CASES[case],
+    return {"dataset": "femnist", "data-dir": str(DATA), "partitioner": "natural", "model": "cnn-small",
             "batch-size": BATCH, "perfedavg-outer-batch-size": BATCH,
             "perfedavg-hessian-batch-size": BATCH, "adapt-batch-size": BATCH, "perfedavg-alpha": ALPHA,
             "perfedavg-beta": BETA, "lr": BETA, "local-steps": TAU, "fraction-fit": 0.1, "num-server-rounds": rounds,
             "eval-every": 10, "seed": seed, "results-dir": results, "run-name": f"{case}-{seed}",
-            "min-available-clients": 105}  # fmt: skip
+            "min-available-clients": 105} | CASES[case]  # fmt: skip
 
 
 def run_case(sim: LocalSimulation, case: str, seed: int, rounds: int, results: str) -> dict:
@@ -197,6 +204,7 @@ def run_case(sim: LocalSimulation, case: str, seed: int, rounds: int, results: s
             "update-ratio-median": statistics.median(ratios) if ratios else float("nan"),
             "final-accuracy": evaluated[-1]["accuracy-client-mean"] if evaluated else None,
             "train-loss": [r.get("train-loss") for r in records],
+            "final-beta": records[-1].get("hp-perfedavg-beta") if records else None,
             "seconds": time.perf_counter() - started}  # fmt: skip
 
 
@@ -210,14 +218,15 @@ def report(results: dict) -> str:
         lines.append(f"| {row['model']} | {row['batch']} | {point} | {cells[0]} | {cells[1]} | "
                      f"{row['hg-over-g']['median']:.3g} / {row['hg-over-g']['max']:.3g} |")  # fmt: skip
     lines += ["", "(b) federated runs: non-finite replies, stopped runs, largest update / median, final accuracy", "",
-              "| case | seeds | non-finite replies (per seed) | stopped | max update ratio | final accuracy |",
-              "|---|---:|---|---:|---:|---|"]  # fmt: skip
+              "| case | seeds | non-finite replies (per seed) | stopped | max update ratio | final accuracy | "
+              "final beta (tuned) |", "|---|---:|---|---:|---:|---|---|"]  # fmt: skip
     for case, runs in results["runs"].items():
         accuracies = [r["final-accuracy"] for r in runs if r["final-accuracy"] is not None]
         mean, half = interval(accuracies) if accuracies else (float("nan"), 0.0)
         stopped = sum(r["status"] == "stopped" for r in runs)
         lines.append(f"| {case} | {len(runs)} | {[r['nonfinite-replies'] for r in runs]} | {stopped} | "
-                     f"{max(r['update-ratio-max'] for r in runs):.3g} | {mean:.4f} +- {half:.4f} |")  # fmt: skip
+                     f"{max(r['update-ratio-max'] for r in runs):.3g} | {mean:.4f} +- {half:.4f} | "
+                     f"{', '.join(f'{b:.3g}' for r in runs if (b := r.get('final-beta')) is not None) or '-'} |")
     lines += ["", f"(c) SO's stall on a centralised proxy ({PROXY_WRITERS} writers pooled, {PROXY_STEPS} local steps): "
               f"test accuracy every {PROXY_EVERY} steps; alpha ||(Hg)_layer|| / ||g_layer|| at steps 0 / 50 / 300 for "
               "conv1's weight and the largest over the layers", "",
