@@ -139,7 +139,8 @@ def summarise(records: list[dict]) -> dict:
     pairs = zip(records, cumulative, strict=True)
     evaluated = [(r["round"], r["central-accuracy"], g) for r, g in pairs]
     hyper = [f"hp-{key}" for key in ("lr", "local-epochs", "batch-size") if f"hp-{key}" in records[0]]
-    hyper += [key for key in ("H", "G") if key in records[0]]  # the hypergradients behind each move
+    # the hypergradients behind each move and the test's decays; a probe's rounds have none, so look at every round
+    hyper += [key for key in ("H", "G", "lr-decays") if any(key in r for r in records)]
     return {
         "curve": [(t, a) for t, a, _ in evaluated],
         "grads-at-eval": [g for _, _, g in evaluated],
@@ -148,7 +149,7 @@ def summarise(records: list[dict]) -> dict:
         "seconds-per-round": statistics.median(
             r["round-seconds"] for r in [r for r in records if "accuracy" not in r] or records
         ),
-        "trajectory": {key.removeprefix("hp-"): [r[key] for r in records] for key in hyper},
+        "trajectory": {key.removeprefix("hp-"): [r.get(key) for r in records] for key in hyper},
     }
 
 
@@ -267,6 +268,7 @@ def h_signal(result: dict, level: float) -> dict | None:
     escape = next((i for i, a in enumerate(accuracy) if a >= level), len(accuracy))
     values = result["trajectory"]["H"][1:]  # round 1 has no previous update: H = 0 by definition
     before, after = values[: max(escape - 1, 0)], values[max(escape - 1, 0) :]
+    before, after = [h for h in before if h is not None], [h for h in after if h is not None]  # probe rounds: none
     return {
         "rounds-below": escape, "H-mean-below": statistics.mean(before) if before else None,
         "H-positive-share-below": sum(h > 0 for h in before) / len(before) if before else None,
@@ -514,11 +516,12 @@ def plot(rep: dict, runs: dict[str, list[dict]], path: Path) -> None:
     fig, axes = plt.subplots(1, 5, figsize=(22, 4))
     colours = {"baseline": "tab:blue", "bad lr": "tab:orange", "bad batch": "tab:green", "bad lr|fix": "tab:red",
                "bad lr|fix-sm0.9": "tab:purple", "above": "tab:brown", "baseline|probe": "tab:cyan",
-               "bad lr|probe": "tab:olive", "above|probe": "tab:pink"}  # fmt: skip
+               "bad lr|probe": "tab:olive", "above|probe": "tab:pink", "baseline|decay": "tab:gray",
+               "baseline|probe-decay": "black", "bad lr|probe-decay": "gold"}  # fmt: skip
     for key, results in runs.items():
         label, method, *variant = key.split("|")
         colour = colours["|".join([label, *variant])]
-        style = ":" if method != "fathom" else "--" if variant == ["probe"] else "-"
+        style = ":" if method != "fathom" else "--" if variant and "probe" in variant[0] else "-"
         for i, r in enumerate(results):
             name = f"{method}, {' '.join([label, *variant])}" if i == 0 else None
             axes[0].plot(*zip(*r["curve"], strict=True), style, color=colour, label=name, alpha=0.8, lw=0.8)
@@ -528,8 +531,8 @@ def plot(rep: dict, runs: dict[str, list[dict]], path: Path) -> None:
                 values = r["trajectory"].get(hp)
                 if values is None:
                     continue
-                if hp == "H":  # a 20-round moving mean: one round's cosine is mostly noise
-                    values = np.convolve(values, np.ones(20) / 20, mode="valid")
+                if hp == "H":  # a 20-round moving mean: one round's cosine is mostly noise (none in a probe round)
+                    values = np.convolve([np.nan if h is None else h for h in values], np.ones(20) / 20, mode="valid")
                 ax.plot(range(1, len(values) + 1), values, color=colour, label=name, alpha=0.8, lw=0.8)
     axes[0].axhline(rep["target"], color="grey", lw=0.8)
     axes[2].axhline(0.0, color="grey", lw=0.8)
