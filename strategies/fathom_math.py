@@ -91,7 +91,7 @@ def clipped(value: float, bounds: tuple[float, float]) -> float:
     return float(min(max(value, bounds[0]), bounds[1]))
 
 
-DECAY_Z = 2.0  # progress must be 2 standard errors clear of none: a window of pure noise decays 97.7 % of the time
+DECAY_Z = 2.0  # progress must be 2 standard errors clear of none; a window of zero-mean noise nearly always decays
 
 
 def stationary(recent_h: np.ndarray, z: float = DECAY_Z) -> bool:

@@ -106,7 +106,7 @@ class FathomTuner:
         if self.settings.decay_window > 0:
             signals["lr-decays"] = float(self.state.decays)
             if self.state.decays > decays:
-                log(INFO, "stationarity test: H's last %d values lean positive; %s divided by %s to %.4g",
+                log(INFO, "stationarity test: H's last %d values show no progress; %s divided by %s to %.4g",
                     decay_window(self.settings.decay_window, decays), self.keys["step"], self.settings.decay_factor,
                     self.state.lr)  # fmt: skip
         return signals
