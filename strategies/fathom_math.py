@@ -141,7 +141,7 @@ def fathom_update(
     if settings.decay_window > 0 and state.smoothed_update is not None:  # round 1's H is 0 by definition
         needed = decay_window(settings.decay_window, state.decays)
         recent_h = (*state.recent_h, hg.global_term)[-needed:]
-        if len(recent_h) == needed and stationary(np.array(recent_h), DECAY_Z):
+        if len(recent_h) == needed and stationary(np.array(recent_h)):
             lr, recent_h, decays = clipped(lr / settings.decay_factor, settings.lr_bounds), (), decays + 1
     new_state = replace(
         state,
