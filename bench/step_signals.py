@@ -39,6 +39,8 @@ from bench.inprocess import InProcessRun  # noqa: E402
 from clients.models import build_model  # noqa: E402
 from clients.training import axpy, gradient, model_loss, to_tensor  # noqa: E402
 from datasets.leaf import load_femnist  # noqa: E402
+from strategies.contracts.common import START_LOSS, TRAIN_LOSS  # noqa: E402
+from strategies.start_probe import local_progress  # noqa: E402
 
 LRS = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 BATCH, PROBED, HELD_OUT, WARM_ROUNDS, PER_ROUND = 16, range(30), range(60, 105), 30, 10
@@ -127,7 +129,7 @@ def probe_slots(lr: float, seed: int, data: Path) -> dict:
 
     def watched(replies):  # the tuner's own tally, and each reply's rho kept by slot
         for reply in replies:
-            rho = float(reply.metrics["train-loss"]) / float(reply.metrics["start-loss"])
+            rho = local_progress(float(reply.metrics[TRAIN_LOSS]), float(reply.metrics[START_LOSS]))
             by_slot.setdefault(tuner.slots[reply.partition], []).append(rho)
         return tally(replies)
 
