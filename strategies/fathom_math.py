@@ -23,6 +23,13 @@ so ``H`` calls for a smaller step weakly however long it calls; the test acts wh
 consecutive updates stop agreeing, as the stationarity tests of statistical adaptive
 stochastic approximation do (SASA, Lang, Xiao and Zhang 2019), and the doubling window
 bounds the decays to about ``log2`` of the horizon.
+
+With ``fathom-decay-arm = f`` < 1 the test starts only once the global model's loss ``L_t``
+(the replies' example-weighted mean ``start-loss``) has fallen to ``f * L_1``, ``L_1`` being the
+first tuned round's. On an initial plateau (FEMNIST: 4.13 = ln 62 at the start, 3.35 = the
+label prior's entropy on the plateau, 0.81 of it) consecutive updates disagree too, and
+halving the step there keeps the model on the plateau (docs/benchmarks.md, B2); a loss below
+what the label prior alone gives says the model has left it.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ class FathomState:
     round: int = 0
     recent_h: tuple[float, ...] = ()  # H since the last decay (fathom-decay-window > 0 only)
     decays: int = 0
+    first_loss: float = math.nan  # L_1: the first tuned round's global loss (the test's gate)
+    armed: bool = False  # whether the test has started (the gate opened)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -65,6 +74,7 @@ class RoundAggregate:
     update: np.ndarray
     phis: np.ndarray
     examples: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    start_loss: float = math.nan  # the global model's loss on the replies' first batches (nan: none reported)
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,16 @@ def stationary(recent_h: np.ndarray, z: float = DECAY_Z) -> bool:
     return mean / (spread / math.sqrt(values.size)) > -z
 
 
+def gate_open(loss: float, first_loss: float, fraction: float) -> bool:
+    """Whether the loss has fallen to ``fraction`` of the first round's; always with ``fraction`` 1.
+
+    Without a finite loss and first loss (no client reported ``start-loss``) a gate below 1 stays shut.
+    """
+    if fraction >= 1:
+        return True
+    return math.isfinite(loss) and math.isfinite(first_loss) and loss <= fraction * first_loss
+
+
 def decay_window(window: int, decays: int) -> int:
     """How many values of ``H`` the test needs after ``decays`` decays: ``window * 2**decays``."""
     return window * 2**decays
@@ -138,7 +158,10 @@ def fathom_update(
     previous = state.smoothed_update if state.smoothed_update is not None else np.zeros_like(aggregate.update)
     smoothed = settings.smoothing * previous + (1.0 - settings.smoothing) * aggregate.update
     lr, recent_h, decays = _moved(state.lr, settings.gamma_lr, hg.global_term, settings.lr_bounds), (), state.decays
-    if settings.decay_window > 0 and state.smoothed_update is not None:  # round 1's H is 0 by definition
+    first_loss = state.first_loss if math.isfinite(state.first_loss) else aggregate.start_loss
+    armed = state.armed or gate_open(aggregate.start_loss, first_loss, settings.decay_arm)
+    # round 1's H is 0 by definition; the window holds H from the round the gate opened on
+    if settings.decay_window > 0 and state.smoothed_update is not None and armed:
         needed = decay_window(settings.decay_window, state.decays)
         recent_h = (*state.recent_h, hg.global_term)[-needed:]
         if len(recent_h) == needed and stationary(np.array(recent_h)):
@@ -153,5 +176,7 @@ def fathom_update(
         round=state.round + 1,
         recent_h=recent_h,
         decays=decays,
+        first_loss=first_loss,
+        armed=armed,
     )
     return new_state, hg

@@ -31,6 +31,16 @@ from strategies.start_probe import ProbeTally, local_progress, probe_choice, pro
 PHI_METRIC: Metric = next(m for m in FATHOM.metrics if m.name == PHI)  # required in a tuned run's fit replies
 
 
+def mean_start_loss(replies: list[Reply]) -> float:
+    """The global model's loss this round: the replies' example-weighted mean ``start-loss`` (nan: none has one)."""
+    pairs = [(float(reply.metrics.get(START_LOSS, np.nan)), reply.num_examples) for reply in replies]
+    pairs = [(loss, n) for loss, n in pairs if np.isfinite(loss) and n > 0]
+    if not pairs:
+        return float("nan")
+    losses, weights = np.array(pairs, dtype=np.float64).T
+    return float(np.average(losses, weights=weights))
+
+
 class FathomTuner:
     """The values in force for one run's step size, local work and batch size, and their update.
 
@@ -99,12 +109,18 @@ class FathomTuner:
             update=flatten(combined, np.float64) - flatten(previous, np.float64),
             examples=np.array([reply.num_examples for reply in replies], dtype=np.float64),
             phis=np.array([float(reply.metrics[PHI]) for reply in replies]),
+            start_loss=mean_start_loss(replies),
         )
-        decays = self.state.decays
+        decays, armed = self.state.decays, self.state.armed
         self.state, hg = fathom_update(self.state, aggregate, self.settings, work_bounds=self.work_bounds)
         signals = {"H": hg.global_term, "G": hg.local_term, "phi-mean": float(np.mean(aggregate.phis))}
         if self.settings.decay_window > 0:
             signals["lr-decays"] = float(self.state.decays)
+            if self.settings.decay_arm < 1:
+                signals["decay-armed"] = float(self.state.armed)
+                if self.state.armed and not armed:
+                    log(INFO, "stationarity test armed: the global loss %.4g is at most %s of the first round's %.4g",
+                        aggregate.start_loss, self.settings.decay_arm, self.state.first_loss)  # fmt: skip
             if self.state.decays > decays:
                 log(INFO, "stationarity test: H's last %d values show no progress; %s divided by %s to %.4g",
                     decay_window(self.settings.decay_window, decays), self.keys["step"], self.settings.decay_factor,
@@ -141,6 +157,7 @@ class FathomTuner:
         smoothed = state.smoothed_update
         arrays = {"fathom/smoothed-update": smoothed} if smoothed is not None else {}
         arrays["fathom/recent-h"] = np.array(state.recent_h, dtype=np.float64)
+        arrays["fathom/loss-gate"] = np.array([state.first_loss, float(state.armed)])
         if self.probe is not None:
             probe = self.probe
             arrays |= {"fathom/probe-sums": probe.sums, "fathom/probe-counts": probe.counts.astype(np.float64),
@@ -155,6 +172,9 @@ class FathomTuner:
             smoothed_update=arrays.get("fathom/smoothed-update"), round=int(state["round"]),
             recent_h=tuple(float(h) for h in arrays.get("fathom/recent-h", ())), decays=int(state.get("decays", 0)),
         )  # fmt: skip
+        if "fathom/loss-gate" in arrays:  # checkpoints from before the gate have none: it stays as built
+            first_loss, armed = (float(v) for v in arrays["fathom/loss-gate"])
+            self.state = replace(self.state, first_loss=first_loss, armed=bool(armed))
         if self.probe is not None:
             self.probe = ProbeTally(sums=np.asarray(arrays["fathom/probe-sums"], dtype=np.float64),
                                     counts=np.asarray(arrays["fathom/probe-counts"], dtype=np.int64),

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from strategies.contracts.fathom import FathomSettings
-from strategies.fathom_math import FathomState, RoundAggregate, fathom_update, stationary
+from strategies.fathom_math import FathomState, RoundAggregate, fathom_update, gate_open, stationary
 from strategies.screening import Reply
-from strategies.tuner import FathomTuner
+from strategies.tuner import FathomTuner, mean_start_loss
 
 
 @pytest.mark.parametrize(
@@ -36,10 +36,11 @@ def test_stationary_threshold_is_z_standard_errors():
     assert stationary(values - 1e-9, z=math.sqrt(3)) is False
 
 
-def run_updates(settings: FathomSettings, directions: list[tuple[float, float]], lr: float = 0.1) -> list[FathomState]:
+def run_updates(settings: FathomSettings, directions: list[tuple[float, float]], lr: float = 0.1,
+                losses: list[float] | None = None) -> list[FathomState]:  # fmt: skip
     state, states = FathomState(lr=lr, epochs=1.0, batch_size=16.0), []
-    for direction in directions:
-        aggregate = RoundAggregate(update=np.array(direction), phis=np.zeros(1), examples=np.ones(1))
+    for direction, loss in zip(directions, losses or [math.nan] * len(directions), strict=True):
+        aggregate = RoundAggregate(update=np.array(direction), phis=np.zeros(1), examples=np.ones(1), start_loss=loss)
         state, _ = fathom_update(state, aggregate, settings)
         states.append(state)
     return states
@@ -89,3 +90,60 @@ def test_the_tuner_reports_decays_and_resumes_its_window_from_a_checkpoint():
     for each in (tuner, resumed):
         signals = each.update([model], [model + steps[3]], replies)
         assert signals["lr-decays"] == 1.0 and each.values()["lr"] == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize(
+    ("loss", "first", "fraction", "expected"),
+    [
+        (3.0, 4.0, 0.75, True),  # 3.0 = 0.75 * 4.0: at the fraction opens
+        (3.01, 4.0, 0.75, False),
+        (math.nan, 4.0, 0.75, False),  # no loss reported: a gate below 1 stays shut
+        (math.nan, math.nan, 1.0, True),  # 1: open from the start, with or without losses
+        (9.0, 4.0, 1.0, True),
+    ],
+)
+def test_gate_opens_at_the_fraction_of_the_first_loss(loss, first, fraction, expected):
+    assert gate_open(loss, first, fraction) is expected
+
+
+def test_a_gated_test_ignores_a_plateau_and_windows_h_from_the_round_the_gate_opens():
+    # oscillating updates throughout (H = +1 from round 2); the loss sits at 4.0 for 4 rounds, then falls
+    settings = FathomSettings(gamma_lr=0.0, gamma_epochs=0.0, gamma_batch=0.0, decay_window=2, decay_arm=0.7)
+    losses = [4.0, 4.1, 3.9, 4.0, 2.8, 2.9, 2.5, 2.0]
+    states = run_updates(settings, [(1.0, 0.0), (-1.0, 0.0)] * 4, losses=losses)
+    assert [s.armed for s in states] == [False] * 4 + [True] * 4  # 2.8 <= 0.7 * 4.0 = 2.8 in round 5
+    assert all(s.first_loss == 4.0 for s in states)  # round 1's loss, kept
+    # rounds 5-6 fill the first window (2) -> /2; unarmed, the same updates decayed after round 3 (above)
+    assert [s.lr for s in states] == pytest.approx([0.1] * 5 + [0.05] * 3)
+    ungated = run_updates(FathomSettings(gamma_lr=0.0, gamma_epochs=0.0, gamma_batch=0.0, decay_window=2),
+                          [(1.0, 0.0), (-1.0, 0.0)] * 4, losses=losses)  # fmt: skip
+    assert [s.lr for s in ungated] == pytest.approx([0.1, 0.1, 0.05, 0.05, 0.05, 0.05, 0.025, 0.025])
+
+
+def test_mean_start_loss_weights_by_examples_and_skips_replies_without_one():
+    replies = [Reply(node="a", partition=0, arrays=[], num_examples=10, metrics={"start-loss": 2.0}),
+               Reply(node="b", partition=1, arrays=[], num_examples=30, metrics={"start-loss": 4.0}),
+               Reply(node="c", partition=2, arrays=[], num_examples=50, metrics={"start-loss": float("nan")}),
+               Reply(node="d", partition=3, arrays=[], num_examples=50, metrics={})]  # fmt: skip
+    assert mean_start_loss(replies) == pytest.approx((10 * 2.0 + 30 * 4.0) / 40)
+    assert math.isnan(mean_start_loss(replies[2:]))
+
+
+def test_the_tuner_arms_once_and_a_checkpoint_keeps_the_gate():
+    settings = FathomSettings(gamma_lr=0.0, gamma_epochs=0.0, gamma_batch=0.0, decay_window=2, decay_arm=0.5)
+    keys, start = {"step": "lr", "work": "local-epochs", "batch": "batch-size"}, {"lr": 0.1, "local-epochs": 1.0,
+                                                                                  "batch-size": 16}  # fmt: skip
+
+    def replies(loss: float) -> list[Reply]:
+        return [Reply(node="n0", partition=0, arrays=[], num_examples=10, metrics={"phi": 0.0, "start-loss": loss})]
+
+    tuner, model = FathomTuner(settings=settings, keys=keys, start=start), np.zeros(2)
+    armed = []
+    for step, loss in zip([np.array([1.0, 0.0]), np.array([-1.0, 0.0])] * 2, [2.0, 1.9, 0.9, 1.5], strict=True):
+        armed.append(tuner.update([model], [model + step], replies(loss))["decay-armed"])
+        model = model + step
+    assert armed == [0.0, 0.0, 1.0, 1.0]  # once open, a loss back above the line does not shut it
+    assert tuner.state.decays == 1  # H of rounds 3 and 4: the first window
+    resumed = FathomTuner(settings=settings, keys=keys, start=start)
+    resumed.restore(*tuner.checkpoint_state())
+    assert resumed.state.armed and resumed.state.first_loss == 2.0

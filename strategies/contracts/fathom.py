@@ -57,6 +57,10 @@ class FathomSettings(MethodSettings):
                             server_only=True)  # fmt: skip
     decay_factor: float = key(2.0, "stationarity test: what a decay divides the step size by", above=1,
                               server_only=True)  # fmt: skip
+    decay_arm: float = key(1.0, "stationarity test: start it only once the global model's loss (the replies' mean "
+                           "start-loss) has fallen to this fraction of its first tuned round's (1 = from the "
+                           "start); below 1 an initial plateau is not taken for stationarity", above=0, at_most=1,
+                           server_only=True)  # fmt: skip
     local_term: str = key("cosine", "cosine (the author's code) or eq12 (the paper's eq. 12, scaled by lr)",
                           choices=LOCAL_TERMS, server_only=True)  # fmt: skip
 
