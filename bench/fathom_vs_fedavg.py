@@ -60,6 +60,9 @@ PROBE = {"fathom-probe-rounds": 3}
 # H show no progress (issue 26's second attempt, B5's setting), alone and after the start probe
 DECAY = {"fathom-decay-window": 5}
 PROBE_DECAY = PROBE | DECAY
+# ... with the test started only once the global loss is 0.7 of its first round's (issue 26's third attempt):
+# FEMNIST's initial plateau sits at the label prior's entropy, 3.35 = 0.81 x ln 62, which the gate must clear
+PROBE_GATED = PROBE_DECAY | {"fathom-decay-arm": 0.7}
 TARGET_SHARE = 0.95
 PLATEAU_ROUNDS = 10
 ESCAPE_LEVEL = 0.2  # accuracy that ends the initial plateau (the commonest class is 8.8% of the test data)
@@ -234,6 +237,9 @@ def arms_of(baseline: Start, *, fix: bool) -> list[Arm]:
     arms += [(Start(baseline.label, baseline.lr, baseline.batch, "decay", tuple(DECAY.items())), "fathom")]
     arms += [(Start(start.label, start.lr, start.batch, "probe-decay", tuple(PROBE_DECAY.items())), "fathom")
              for start in (baseline, starts[1])]  # fmt: skip
+    # the probe and the gated test from above and from the tuned start (then from lr 0.01)
+    arms += [(Start(start.label, start.lr, start.batch, "probe-gated", tuple(PROBE_GATED.items())), "fathom")
+             for start in (Start("above", ABOVE_LR, baseline.batch), baseline, starts[1])]  # fmt: skip
     return arms
 
 
@@ -517,7 +523,8 @@ def plot(rep: dict, runs: dict[str, list[dict]], path: Path) -> None:
     colours = {"baseline": "tab:blue", "bad lr": "tab:orange", "bad batch": "tab:green", "bad lr|fix": "tab:red",
                "bad lr|fix-sm0.9": "tab:purple", "above": "tab:brown", "baseline|probe": "tab:cyan",
                "bad lr|probe": "tab:olive", "above|probe": "tab:pink", "baseline|decay": "tab:gray",
-               "baseline|probe-decay": "black", "bad lr|probe-decay": "gold"}  # fmt: skip
+               "baseline|probe-decay": "black", "bad lr|probe-decay": "gold", "above|probe-gated": "tab:red",
+               "baseline|probe-gated": "navy", "bad lr|probe-gated": "darkgreen"}  # fmt: skip
     for key, results in runs.items():
         label, method, *variant = key.split("|")
         colour = colours["|".join([label, *variant])]
@@ -564,6 +571,8 @@ def main() -> None:
     parser.add_argument("--first", nargs="+", default=[], metavar="ARM",
                         help="run these arms (start|method[|variant], e.g. 'bad lr|fathom|probe') for every seed "
                              "before the others")  # fmt: skip
+    parser.add_argument("--only", nargs="+", default=[], metavar="ARM",
+                        help="run only these arms (for every seed), then report every recorded arm")  # fmt: skip
     parser.add_argument("--data-dir", type=Path, default=SHARED_DATA / "femnist-leaf")
     parser.add_argument("--federation", default="client-resources-num-cpus=1")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "fathom_vs_fedavg.json")
@@ -591,8 +600,13 @@ def main() -> None:
                 print(pilot_markdown(rep))
                 return
             arms = arms_of(baseline, fix=not args.no_fix)
+            unknown = sorted(set(args.only) - {arm_name(*arm) for arm in arms})
+            if unknown:
+                parser.error(f"--only {', '.join(unknown)}: no such arm; the arms are "
+                             f"{', '.join(arm_name(*arm) for arm in arms)}")  # fmt: skip
             if sim is not None:
-                run_all(bench, arms, args.seeds, tuple(args.first))
+                chosen = [arm for arm in arms if arm_name(*arm) in args.only] if args.only else arms
+                run_all(bench, chosen, args.seeds, tuple(args.first))
             rep, runs = report(bench, arms, args.seeds, grid)
             if args.extend_rounds:
                 rep["extended"] = extend(bench, baseline, args.seeds, args.extend_rounds, rep["target"])
