@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from strategies.contracts.fathom import FathomSettings
-from strategies.fathom_math import FathomState, RoundAggregate, fathom_update, gate_open, stationary
+from strategies.fathom_math import FathomState, RoundAggregate, fathom_update, gate_open, loss_falling, stationary
 from strategies.screening import Reply
 from strategies.tuner import FathomTuner, mean_start_loss
 
@@ -147,3 +147,30 @@ def test_the_tuner_arms_once_and_a_checkpoint_keeps_the_gate():
     resumed = FathomTuner(settings=settings, keys=keys, start=start)
     resumed.restore(*tuner.checkpoint_state())
     assert resumed.state.armed and resumed.state.first_loss == 2.0
+
+
+def test_loss_falling_matches_the_least_squares_slope_by_hand():
+    # x = 0..3 (centred -1.5, -0.5, 0.5, 1.5; Sxx = 5); y = 4, 3, 3, 2: slope = (-1.5*1 - 0.5*0 + 0.5*0 - 1.5*1)/5
+    # = -0.6; fit residuals 0.1, -0.3, 0.3, -0.1 (0.2 sum of squares): se = sqrt(0.2 / 2 / 5) = 0.1414, t = -4.24
+    losses = np.array([4.0, 3.0, 3.0, 2.0])
+    assert loss_falling(losses) is True
+    assert loss_falling(losses, z=4.25) is False and loss_falling(losses, z=4.24) is True
+    assert loss_falling(np.array([2.0, 3.0, 3.0, 4.0])) is False  # rising
+    assert loss_falling(np.array([3.0, 2.0, 3.0, 2.0])) is False  # slope -0.2, t = -0.82
+    assert loss_falling(np.array([3.0, 2.0, 1.0])) is True  # an exact line down: no error, a fall
+    assert loss_falling(np.array([3.0, math.nan, 2.0])) is False  # two finite values are no evidence
+
+
+def test_with_h_and_loss_a_window_decays_only_when_the_loss_stops_falling():
+    # H = +1 from round 2 throughout; the loss falls steadily to round 5, then sits still
+    settings = FathomSettings(gamma_lr=0.0, gamma_epochs=0.0, gamma_batch=0.0, decay_window=2,
+                              decay_signal="h-and-loss")  # fmt: skip
+    losses = [3.0, 2.8, 2.6, 2.4, 2.2, 2.2, 2.3, 2.2, 2.3, 2.2, 2.3]
+    states = run_updates(settings, ([(1.0, 0.0), (-1.0, 0.0)] * 6)[:11], losses=losses)
+    # the window of 2 (rounds 2-3) has 2 losses: no evidence of a fall, so H decides: /2 after round 3.
+    # The window of 4 after it (rounds 4-7: 2.4, 2.2, 2.2, 2.3) does not fall clearly: /2 after round 7.
+    assert [s.decays for s in states] == [0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2]
+    steady = run_updates(settings, ([(1.0, 0.0), (-1.0, 0.0)] * 6)[:11], losses=[3.0 - 0.1 * k for k in range(11)])
+    # an exact fall in every window of 3 or more losses: only the first window (2 losses) decays
+    assert [s.decays for s in steady] == [0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+    assert steady[-1].recent_loss == pytest.approx((2.3, 2.2, 2.1, 2.0))  # the window slides over the last 4
