@@ -130,7 +130,7 @@ def stationary(recent_h: np.ndarray, z: float = DECAY_Z) -> bool:
 
 
 def loss_falling(losses: np.ndarray, z: float = DECAY_Z) -> bool:
-    """Whether ``losses`` (one per round) fall: their least-squares slope is ``z`` standard errors below 0 or more.
+    """Whether ``losses`` (one per round) fall: their least-squares slope is over ``z`` standard errors below 0.
 
     Non-finite values are left out; fewer than 3 finite values are no evidence of a fall.
     """
