@@ -63,9 +63,6 @@ PROBE_DECAY = PROBE | DECAY
 # ... with the test started only once the global loss is 0.7 of its first round's (issue 26's third attempt):
 # FEMNIST's initial plateau sits at the label prior's entropy, 3.35 = 0.81 x ln 62, which the gate must clear
 PROBE_GATED = PROBE_DECAY | {"fathom-decay-arm": 0.7}
-# ... and decaying only if the global loss shows no fall over the window either (H stays positive after the plateau
-# while the loss and accuracy still improve, so H alone halves the lr at every window once armed)
-PROBE_LOSS = PROBE_GATED | {"fathom-decay-signal": "h-and-loss"}
 TARGET_SHARE = 0.95
 PLATEAU_ROUNDS = 10
 ESCAPE_LEVEL = 0.2  # accuracy that ends the initial plateau (the commonest class is 8.8% of the test data)
@@ -242,8 +239,6 @@ def arms_of(baseline: Start, *, fix: bool) -> list[Arm]:
              for start in (baseline, starts[1])]  # fmt: skip
     # the probe and the gated test from above and from the tuned start (then from lr 0.01)
     arms += [(Start(start.label, start.lr, start.batch, "probe-gated", tuple(PROBE_GATED.items())), "fathom")
-             for start in (Start("above", ABOVE_LR, baseline.batch), baseline, starts[1])]  # fmt: skip
-    arms += [(Start(start.label, start.lr, start.batch, "probe-loss", tuple(PROBE_LOSS.items())), "fathom")
              for start in (Start("above", ABOVE_LR, baseline.batch), baseline, starts[1])]  # fmt: skip
     return arms
 
@@ -529,8 +524,7 @@ def plot(rep: dict, runs: dict[str, list[dict]], path: Path) -> None:
                "bad lr|fix-sm0.9": "tab:purple", "above": "tab:brown", "baseline|probe": "tab:cyan",
                "bad lr|probe": "tab:olive", "above|probe": "tab:pink", "baseline|decay": "tab:gray",
                "baseline|probe-decay": "black", "bad lr|probe-decay": "gold", "above|probe-gated": "tab:red",
-               "baseline|probe-gated": "navy", "bad lr|probe-gated": "darkgreen", "above|probe-loss": "orangered",
-               "baseline|probe-loss": "royalblue", "bad lr|probe-loss": "limegreen"}  # fmt: skip
+               "baseline|probe-gated": "navy", "bad lr|probe-gated": "darkgreen"}  # fmt: skip
     for key, results in runs.items():
         label, method, *variant = key.split("|")
         colour = colours["|".join([label, *variant])]

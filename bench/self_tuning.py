@@ -60,9 +60,6 @@ GAMMA = 0.1
 TUNER = {"tune": "fathom", "fathom-gamma-lr": GAMMA, "fathom-gamma-epochs": 0.0, "fathom-gamma-batch": 0.0}
 PROBE = {"fathom-probe-rounds": 3}  # the tuner's start probe: 3 rounds trying the start x 3^k, k = -2..2
 DECAY = {"fathom-decay-window": 5}  # the stationarity test: halve the step once 5 x 2^k rounds of H show no progress
-# ... and the global loss shows no fall over them either, counted from when the loss is 0.7 of its first round's
-# (issue 26's third attempt; B2's setting without the probe)
-LOSS_TEST = DECAY | {"fathom-decay-signal": "h-and-loss", "fathom-decay-arm": 0.7}
 PROBED = ("perfedavg", "fedavg")  # the methods whose bad starts also run with the probe, and with the test
 METHODS = {"perfedavg": ("Per-FedAvg HF", "perfedavg-beta"), "fedavg": ("FedAvg + update", "lr"),
            "alpha": (f"Per-FedAvg HF (beta = {ALPHA_BETA})", "perfedavg-alpha")}  # fmt: skip
@@ -83,14 +80,11 @@ def configurations(methods: tuple[str, ...]) -> list[dict]:
                      "step": step, "tuned": True, "probe": True} for step in TUNED_STARTS[method]]  # fmt: skip
             out += [{"method": method, "label": f"{label} + tuner with the stationarity test from {step_key} = {step}",
                      "step": step, "tuned": True, "decay": True} for step in TUNED_STARTS[method]]  # fmt: skip
-            out += [{"method": method, "label": f"{label} + tuner with the loss-checked test from {step_key} = {step}",
-                     "step": step, "tuned": True, "loss-test": True} for step in TUNED_STARTS[method]]  # fmt: skip
     return out
 
 
 def run_key(seed: int, case: dict, rounds: int) -> str:
     probe = "|probe" if case.get("probe") else "|decay" if case.get("decay") else ""
-    probe = "|loss-test" if case.get("loss-test") else probe
     return f"{seed}|{case['label']}|{rounds}|gamma={GAMMA if case['tuned'] else 0}{probe}"
 
 
@@ -114,7 +108,6 @@ def summarise(run_dir: Path, step_key: str) -> dict:
 def run_case(sim: LocalSimulation, case: dict, *, seed: int, rounds: int, data_dir: Path, results: str,
              federation: str) -> dict:  # fmt: skip
     kind = "probed" if case.get("probe") else "decayed" if case.get("decay") else "tuned" if case["tuned"] else "fixed"
-    kind = "loss-tested" if case.get("loss-test") else kind
     name = f"s{seed}-{case['method']}-{kind}-{case['step']}"
     if case["method"] == "alpha":
         config = run_config(Row(ROW.tau, case["step"]), "perfedavg", "hf", beta=ALPHA_BETA, rounds=rounds, seed=seed,
@@ -125,8 +118,7 @@ def run_case(sim: LocalSimulation, case: dict, *, seed: int, rounds: int, data_d
                             data_dir=data_dir, results=results, name=name)  # fmt: skip
     config["eval-every"] = max(1, rounds // 4)
     if case["tuned"]:
-        config.update(TUNER | (PROBE if case.get("probe") else {}) | (DECAY if case.get("decay") else {})
-                      | (LOSS_TEST if case.get("loss-test") else {}))  # fmt: skip
+        config.update(TUNER | (PROBE if case.get("probe") else {}) | (DECAY if case.get("decay") else {}))
         if case["method"] == "alpha":  # alpha moves instead of beta; the evaluation adapts with the alpha in force
             config.update({"fathom-step": "perfedavg-alpha", "adapt-lr": 0.0})
     outcome = sim.run(run_config=config, num_supernodes=NUM_USERS, extra_federation=federation)

@@ -30,14 +30,6 @@ first tuned round's. On an initial plateau (FEMNIST: 4.13 = ln 62 at the start, 
 label prior's entropy on the plateau, 0.81 of it) consecutive updates disagree too, and
 halving the step there keeps the model on the plateau (docs/benchmarks.md, B2); a loss below
 what the label prior alone gives says the model has left it.
-
-With ``fathom-decay-signal = h-and-loss`` a window decays only if, besides ``H``, the global
-loss over the same rounds has not fallen at all (its least-squares slope is not below 0):
-after FEMNIST's plateau ``H`` stays positive while the loss and the accuracy still improve,
-and ``H`` alone then halves the step at every window. The loss is asked for a fall, not for
-a significant one: a round's loss is a mean over a few first batches, and a window of 5-20
-such values seldom shows a real fall at 2 standard errors (B2's pilot with ``z = 2`` decayed
-exactly where ``H`` alone did), while halving the step too early is the costlier mistake.
 """
 
 from __future__ import annotations
@@ -67,7 +59,6 @@ class FathomState:
     round: int = 0
     recent_h: tuple[float, ...] = ()  # H since the last decay (fathom-decay-window > 0 only)
     decays: int = 0
-    recent_loss: tuple[float, ...] = ()  # the global loss over the same rounds as recent_h (h-and-loss only)
     first_loss: float = math.nan  # L_1: the first tuned round's global loss (the test's gate)
     armed: bool = False  # whether the test has started (the gate opened)
 
@@ -111,7 +102,6 @@ def clipped(value: float, bounds: tuple[float, float]) -> float:
 
 
 DECAY_Z = 2.0  # progress must be 2 standard errors clear of none; a window of zero-mean noise nearly always decays
-LOSS_Z = 0.0  # h-and-loss: any fall of the global loss over the window holds the step (see the module docstring)
 
 
 def stationary(recent_h: np.ndarray, z: float = DECAY_Z) -> bool:
@@ -127,25 +117,6 @@ def stationary(recent_h: np.ndarray, z: float = DECAY_Z) -> bool:
     if spread == 0:
         return mean >= 0  # identical values: no progress unless they all say the updates agree
     return mean / (spread / math.sqrt(values.size)) > -z
-
-
-def loss_falling(losses: np.ndarray, z: float = DECAY_Z) -> bool:
-    """Whether ``losses`` (one per round) fall: their least-squares slope is over ``z`` standard errors below 0.
-
-    Non-finite values are left out; fewer than 3 finite values are no evidence of a fall.
-    """
-    values = np.asarray(losses, dtype=np.float64)
-    rounds = np.arange(values.size, dtype=np.float64)[np.isfinite(values)]
-    values = values[np.isfinite(values)]
-    if values.size < 3:
-        return False
-    centred = rounds - rounds.mean()
-    slope = float(np.dot(centred, values - values.mean()) / np.dot(centred, centred))
-    residuals = values - values.mean() - slope * centred
-    error = math.sqrt(float(np.dot(residuals, residuals)) / (values.size - 2) / float(np.dot(centred, centred)))
-    if error == 0:
-        return slope < 0
-    return slope / error < -z
 
 
 def gate_open(loss: float, first_loss: float, fraction: float) -> bool:
@@ -187,19 +158,14 @@ def fathom_update(
     previous = state.smoothed_update if state.smoothed_update is not None else np.zeros_like(aggregate.update)
     smoothed = settings.smoothing * previous + (1.0 - settings.smoothing) * aggregate.update
     lr, recent_h, decays = _moved(state.lr, settings.gamma_lr, hg.global_term, settings.lr_bounds), (), state.decays
-    recent_loss: tuple[float, ...] = ()  # stays empty with decay-signal h: no evidence of a fall, H decides alone
     first_loss = state.first_loss if math.isfinite(state.first_loss) else aggregate.start_loss
     armed = state.armed or gate_open(aggregate.start_loss, first_loss, settings.decay_arm)
     # round 1's H is 0 by definition; the window holds H from the round the gate opened on
     if settings.decay_window > 0 and state.smoothed_update is not None and armed:
         needed = decay_window(settings.decay_window, state.decays)
         recent_h = (*state.recent_h, hg.global_term)[-needed:]
-        if settings.decay_signal == "h-and-loss":
-            recent_loss = (*state.recent_loss, aggregate.start_loss)[-needed:]
-        still_falling = loss_falling(np.array(recent_loss), z=LOSS_Z)
-        if len(recent_h) == needed and stationary(np.array(recent_h)) and not still_falling:
-            lr, recent_h, recent_loss = clipped(lr / settings.decay_factor, settings.lr_bounds), (), ()
-            decays += 1
+        if len(recent_h) == needed and stationary(np.array(recent_h)):
+            lr, recent_h, decays = clipped(lr / settings.decay_factor, settings.lr_bounds), (), decays + 1
     new_state = replace(
         state,
         lr=lr,
@@ -209,7 +175,6 @@ def fathom_update(
         smoothed_update=smoothed,
         round=state.round + 1,
         recent_h=recent_h,
-        recent_loss=recent_loss,
         decays=decays,
         first_loss=first_loss,
         armed=armed,

@@ -158,7 +158,6 @@ class FathomTuner:
         arrays = {"fathom/smoothed-update": smoothed} if smoothed is not None else {}
         arrays["fathom/recent-h"] = np.array(state.recent_h, dtype=np.float64)
         arrays["fathom/loss-gate"] = np.array([state.first_loss, float(state.armed)])
-        arrays["fathom/recent-loss"] = np.array(state.recent_loss, dtype=np.float64)
         if self.probe is not None:
             probe = self.probe
             arrays |= {"fathom/probe-sums": probe.sums, "fathom/probe-counts": probe.counts.astype(np.float64),
@@ -175,8 +174,7 @@ class FathomTuner:
         )  # fmt: skip
         if "fathom/loss-gate" in arrays:  # checkpoints from before the gate have none: it stays as built
             first_loss, armed = (float(v) for v in arrays["fathom/loss-gate"])
-            self.state = replace(self.state, first_loss=first_loss, armed=bool(armed),
-                                 recent_loss=tuple(float(v) for v in arrays.get("fathom/recent-loss", ())))  # fmt: skip
+            self.state = replace(self.state, first_loss=first_loss, armed=bool(armed))
         if self.probe is not None:
             self.probe = ProbeTally(sums=np.asarray(arrays["fathom/probe-sums"], dtype=np.float64),
                                     counts=np.asarray(arrays["fathom/probe-counts"], dtype=np.int64),

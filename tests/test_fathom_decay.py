@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from strategies.contracts.fathom import FathomSettings
-from strategies.fathom_math import FathomState, RoundAggregate, fathom_update, gate_open, loss_falling, stationary
+from strategies.fathom_math import FathomState, RoundAggregate, fathom_update, gate_open, stationary
 from strategies.screening import Reply
 from strategies.tuner import FathomTuner, mean_start_loss
 
@@ -147,32 +147,3 @@ def test_the_tuner_arms_once_and_a_checkpoint_keeps_the_gate():
     resumed = FathomTuner(settings=settings, keys=keys, start=start)
     resumed.restore(*tuner.checkpoint_state())
     assert resumed.state.armed and resumed.state.first_loss == 2.0
-
-
-def test_loss_falling_matches_the_least_squares_slope_by_hand():
-    # x = 0..3 (centred -1.5, -0.5, 0.5, 1.5; Sxx = 5); y = 4, 3, 3, 2: slope = (-1.5*1 - 0.5*0 + 0.5*0 - 1.5*1)/5
-    # = -0.6; fit residuals 0.1, -0.3, 0.3, -0.1 (0.2 sum of squares): se = sqrt(0.2 / 2 / 5) = 0.1414, t = -4.24
-    losses = np.array([4.0, 3.0, 3.0, 2.0])
-    assert loss_falling(losses) is True
-    assert loss_falling(losses, z=4.25) is False and loss_falling(losses, z=4.24) is True
-    assert loss_falling(np.array([2.0, 3.0, 3.0, 4.0])) is False  # rising
-    assert loss_falling(np.array([3.0, 2.0, 3.0, 2.0])) is False  # slope -0.2, t = -0.82
-    assert loss_falling(np.array([3.0, 2.0, 1.0])) is True  # an exact line down: no error, a fall
-    assert loss_falling(np.array([3.0, math.nan, 2.0])) is False  # two finite values are no evidence
-
-
-def test_with_h_and_loss_a_window_decays_only_once_the_loss_has_stopped_falling():
-    # H = +1 from round 2 throughout; the loss falls (noisily) to round 7, then rises a little
-    settings = FathomSettings(gamma_lr=0.0, gamma_epochs=0.0, gamma_batch=0.0, decay_window=2,
-                              decay_signal="h-and-loss")  # fmt: skip
-    losses = [3.0, 2.8, 2.6, 2.7, 2.3, 2.4, 2.2, 2.3, 2.3, 2.4, 2.4]
-    states = run_updates(settings, ([(1.0, 0.0), (-1.0, 0.0)] * 6)[:11], losses=losses)
-    # windows of 2 losses are no evidence (fewer than 3), so H decides: /2 after round 3 (window rounds 2-3).
-    # Windows of 4 slide: rounds 4-7 (2.7, 2.3, 2.4, 2.2) fall, rounds 5-8 (2.3, 2.4, 2.2, 2.3; slope -0.02) fall,
-    # rounds 6-9 (2.4, 2.2, 2.3, 2.3; slope -0.02) fall, rounds 7-10 (2.2, 2.3, 2.3, 2.4; slope +0.06) do not: /2
-    assert [s.decays for s in states] == [0, 0, 1, 1, 1, 1, 1, 1, 1, 2, 2]
-    assert states[-1].lr == pytest.approx(0.025)
-    plain = run_updates(FathomSettings(gamma_lr=0.0, gamma_epochs=0.0, gamma_batch=0.0, decay_window=2),
-                        ([(1.0, 0.0), (-1.0, 0.0)] * 6)[:11], losses=losses)  # fmt: skip
-    assert [s.decays for s in plain] == [0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2]  # H alone: after rounds 3 and 7
-    assert states[6].recent_loss == pytest.approx((2.7, 2.3, 2.4, 2.2))  # the window slides over the last 4

@@ -12,7 +12,6 @@ if TYPE_CHECKING:
     from strategies.contracts.common import Settings
 
 LOCAL_TERMS = ("cosine", "eq12")
-DECAY_SIGNALS = ("h", "h-and-loss")
 PHI, USED_BATCH = "phi", "used-batch-size"
 
 
@@ -58,9 +57,6 @@ class FathomSettings(MethodSettings):
                             server_only=True)  # fmt: skip
     decay_factor: float = key(2.0, "stationarity test: what a decay divides the step size by", above=1,
                               server_only=True)  # fmt: skip
-    decay_signal: str = key("h", "stationarity test: what must show no progress: h (H alone) or h-and-loss (H, and "
-                            "the global loss not falling at all over the same rounds: its least-squares slope is not "
-                            "below 0)", choices=DECAY_SIGNALS, server_only=True)  # fmt: skip
     decay_arm: float = key(1.0, "stationarity test: start it only once the global model's loss (the replies' mean "
                            "start-loss) has fallen to this fraction of its first tuned round's (1 = from the "
                            "start); below 1 an initial plateau is not taken for stationarity", above=0, at_most=1,
