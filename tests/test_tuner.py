@@ -212,13 +212,13 @@ def test_an_untuned_client_reports_no_phi():
 @pytest.mark.e2e
 def test_tuned_simulations_with_and_without_a_start_probe_record_their_trajectories(tmp_path):
     # Per-FedAvg with FATHOM's rule alone, and FedAvg and Per-FedAvg each with a 2-round start probe first and the
-    # stationarity test after it; one simulation, side by side
+    # stationarity test after it (FedAvg's started by the loss gate); one simulation, side by side
     runs = {
         "tuned": {"tune": "fathom", "perfedavg-beta": 0.1, "fathom-gamma-lr": 0.2, "num-server-rounds": 4,
                   "eval-every": 4},
         "probed": {"strategy": "fedavg", "tune": "fathom", "lr": 0.01, "fathom-probe-rounds": 2,
                    "fathom-probe-points": 3, "fathom-probe-factor": 10.0, "fathom-decay-window": 2,
-                   "num-server-rounds": 4, "eval-every": 4, "fraction-fit": 0.6},
+                   "fathom-decay-arm": 0.95, "num-server-rounds": 4, "eval-every": 4, "fraction-fit": 0.6},
         "probed-decay": {"tune": "fathom", "perfedavg-beta": 0.1, "fathom-gamma-lr": 0.2, "fathom-probe-rounds": 2,
                          "fathom-probe-points": 3, "fathom-decay-window": 2, "num-server-rounds": 7, "eval-every": 7,
                          "fraction-fit": 0.6},
@@ -244,6 +244,9 @@ def test_tuned_simulations_with_and_without_a_start_probe_record_their_trajector
     assert probed[2]["hp-lr"] == pytest.approx(0.01 * factor)  # the probe's choice is the tuner's start
     assert all("start-loss" in r for r in probed)
     assert [r.get("lr-decays") for r in probed] == [None, None, 0.0, 0.0]  # round 3 has no H, round 4 one value
+    # the gate: round 3's loss is the first; round 4 opens it if its loss is at most 0.95 of that
+    assert [r.get("decay-armed") for r in probed] == [None, None, 0.0,
+                                                      float(probed[3]["start-loss"] <= 0.95 * probed[2]["start-loss"])]
     assert (tmp_path / "probed" / "tuning.png").stat().st_size > 0
     # Per-FedAvg: the probe's choice starts the rule; after it every round's beta is the last one moved by
     # exp(-gamma H), then halved once per decay the stationarity test made (window 2, then 4)
