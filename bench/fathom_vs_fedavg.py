@@ -584,6 +584,11 @@ def main() -> None:
     if args.quick:
         args.seeds, args.rounds, args.no_fix = args.seeds[:1], 30, True
         args.out = QUICK_RESULTS / args.out.name
+    # arm names hold labels, not the tuned values: check --only before the FedAvg grid can run
+    names = [arm_name(*arm) for arm in arms_of(Start("baseline", 0.1, 16), fix=not args.no_fix)]
+    unknown = sorted(set(args.only) - set(names))
+    if unknown:
+        parser.error(f"--only {', '.join(unknown)}: no such arm; the arms are {', '.join(names)}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as results_dir:
         sim = None if args.report_only else LocalSimulation(app_dir=REPO)
@@ -600,10 +605,6 @@ def main() -> None:
                 print(pilot_markdown(rep))
                 return
             arms = arms_of(baseline, fix=not args.no_fix)
-            unknown = sorted(set(args.only) - {arm_name(*arm) for arm in arms})
-            if unknown:
-                parser.error(f"--only {', '.join(unknown)}: no such arm; the arms are "
-                             f"{', '.join(arm_name(*arm) for arm in arms)}")  # fmt: skip
             if sim is not None:
                 chosen = [arm for arm in arms if arm_name(*arm) in args.only] if args.only else arms
                 run_all(bench, chosen, args.seeds, tuple(args.first))

@@ -27,18 +27,17 @@ from strategies.contracts.fathom import PHI, FathomSettings
 from strategies.fathom_math import FathomState, RoundAggregate, clipped, decay_window, fathom_update
 from strategies.screening import Reply
 from strategies.start_probe import ProbeTally, local_progress, probe_choice, probe_factors, probe_slots, tallied
+from strategies.summaries import weighted_mean
 
 PHI_METRIC: Metric = next(m for m in FATHOM.metrics if m.name == PHI)  # required in a tuned run's fit replies
 
 
 def mean_start_loss(replies: list[Reply]) -> float:
     """The global model's loss this round: the replies' example-weighted mean ``start-loss`` (nan: none has one)."""
-    pairs = [(float(reply.metrics.get(START_LOSS, np.nan)), reply.num_examples) for reply in replies]
-    pairs = [(loss, n) for loss, n in pairs if np.isfinite(loss) and n > 0]
-    if not pairs:
-        return float("nan")
-    losses, weights = np.array(pairs, dtype=np.float64).T
-    return float(np.average(losses, weights=weights))
+    carried = [(float(reply.metrics[START_LOSS]), reply.num_examples) for reply in replies
+               if START_LOSS in reply.metrics]  # fmt: skip
+    finite = [(loss, examples) for loss, examples in carried if np.isfinite(loss)]
+    return weighted_mean([loss for loss, _ in finite], [examples for _, examples in finite])
 
 
 class FathomTuner:
