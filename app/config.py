@@ -9,11 +9,11 @@ value and what is allowed, before any data is loaded or any model is built.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from app.registry import CONTRACTS
 from app.workdir import resolved
-from clients.models import build_model
+from clients.models import build_model, layout_of, model_cards
 from datasets import dataset_shape
 from strategies.contracts.common import (
     DATA_KEY_SCOPES,
@@ -27,6 +27,7 @@ from strategies.contracts.common import (
 )
 from strategies.contracts.contract import Contract
 from strategies.contracts.keys import ConfigError, KeyedSettings, KeySpec
+from strategies.contracts.models import ModelCard, ModelLayout
 
 __all__ = ["ConfigError", "Settings", "check_model", "check_on_server", "ignored_keys", "key_specs", "parse_settings"]
 
@@ -53,7 +54,32 @@ def key_specs(contracts: Mapping[str, Contract] = CONTRACTS) -> dict[str, tuple[
     return table
 
 
-def parse_settings(run_config: Mapping[str, object], contracts: Mapping[str, Contract] = CONTRACTS) -> Settings:
+def suggestion(name: str, known: Collection[str]) -> str:
+    """`` (did you mean 'x'?)`` for a near spelling of ``name`` among ``known``, else ``""``."""
+    close = difflib.get_close_matches(name, list(known), n=2)
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+
+
+def model_card(name: str, models: Mapping[str, ModelCard]) -> ModelCard:
+    """The card of the registered model ``name``.
+
+    Raises
+    ------
+    ConfigError
+        Naming the ``model`` key and the registered models.
+
+    """
+    if name not in models:
+        raise ConfigError(f"run config key 'model': {name!r} is not a registered model{suggestion(name, models)}; "
+                          f"choose one of {list(models)} (a model of your own: docs/adding-a-model.md)")  # fmt: skip
+    return models[name]
+
+
+def parse_settings(
+    run_config: Mapping[str, object],
+    contracts: Mapping[str, Contract] = CONTRACTS,
+    models: Mapping[str, ModelCard] | None = None,
+) -> Settings:
     """Check ``run_config`` and return the typed settings of the run.
 
     Parameters
@@ -62,6 +88,9 @@ def parse_settings(run_config: Mapping[str, object], contracts: Mapping[str, Con
         ``context.run_config`` (kebab-case keys); missing keys take their defaults.
     contracts
         The methods known, by name (the registry's).
+    models
+        The models known, by name; default: the model registry's cards at the time of the
+        call (so a model registered at run time counts).
 
     Raises
     ------
@@ -88,7 +117,8 @@ def parse_settings(run_config: Mapping[str, object], contracts: Mapping[str, Con
               "execution": ExecutionSettings.from_config(run_config)}  # fmt: skip
     # every method's values are checked, the chosen one's are kept
     methods = {name: contract.settings.from_config(run_config) for name, contract in contracts.items()}
-    settings = Settings(run=run, **shared, method=methods[run.strategy],
+    card = model_card(shared["training"].model, model_cards() if models is None else models)
+    settings = Settings(run=run, **shared, method=methods[run.strategy], model_card=card,
                         tuner=methods[run.tune] if run.tune != "none" else None)  # fmt: skip
     if settings.tuner is not None:
         check_tuning(settings, contracts)
@@ -107,8 +137,8 @@ def check_central_evaluation(settings: Settings, contract: Contract) -> None:
         )
 
 
-def model_shapes(settings: Settings) -> dict[str, tuple[int, ...]]:
-    """The run's model, built from its settings as the server builds it: its arrays' names and shapes.
+def model_layout(settings: Settings) -> ModelLayout:
+    """The run's model, built from its settings as the server builds it: its arrays' names, shapes, kinds and head.
 
     Raises
     ------
@@ -121,7 +151,7 @@ def model_shapes(settings: Settings) -> dict[str, tuple[int, ...]]:
         model = build_model(settings.training.model, input_shape=input_shape, num_classes=num_classes)
     except ValueError as err:
         raise ConfigError(f"run config key 'model': {err}") from err
-    return {name: tuple(value.shape) for name, value in model.state_dict().items()}
+    return layout_of(model)
 
 
 def check_model(settings: Settings, contracts: Mapping[str, Contract] = CONTRACTS) -> None:
@@ -129,9 +159,9 @@ def check_model(settings: Settings, contracts: Mapping[str, Contract] = CONTRACT
 
     Runs on the server before the run's folder exists, and in ``python -m app.config``.
     """
-    shapes = model_shapes(settings)
-    contracts[settings.run.strategy].personal_arrays(settings.method, list(shapes))
-    settings.method.check_model(shapes)
+    layout = model_layout(settings)
+    contracts[settings.run.strategy].personal_arrays(settings.method, layout)
+    settings.method.check_model(dict(zip(layout.names, layout.shapes, strict=True)))
 
 
 def tuned_keys(settings: Settings, contracts: Mapping[str, Contract] = CONTRACTS) -> dict[str, str]:
@@ -175,6 +205,9 @@ def check_tuning(settings: Settings, contracts: Mapping[str, Contract] = CONTRAC
                     f"{spec.allowed()}, which the tuner moves; set it within that range, or {gamma_key} = 0 "
                     f"to hold {name} fixed"
                 )
+        if dimension == "batch" and low < settings.model_card.min_batch:
+            raise ConfigError(f"run config key {low_key!r}: {low:g} is below {settings.model_card.min_batch}, the "
+                              f"smallest batch model {settings.training.model!r} trains on (BatchNorm)")  # fmt: skip
         if not low <= float(values[name]) <= high:
             raise ConfigError(f"run config key {name!r}: the tuner starts at {values[name]}, outside "
                               f"[{low_key}, {high_key}] = [{low:g}, {high:g}]")  # fmt: skip

@@ -1,9 +1,9 @@
-"""The configuration reference, generated from the declarations, so the docs cannot drift from the code.
+"""The configuration reference and the table of models, generated from the declarations and the registries.
 
     python -m app.reference            # print the tables
-    python -m app.reference --write    # rewrite them in docs/configuration.md (between the markers)
+    python -m app.reference --write    # rewrite them in docs/configuration.md and docs/models.md (between markers)
 
-``tests/test_app_config.py`` fails when docs/configuration.md and this output differ.
+``tests/test_app_config.py`` fails when either page and this output differ.
 """
 
 from __future__ import annotations
@@ -13,12 +13,15 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from app.registry import CONTRACTS
+from clients.models import model_cards
 from strategies.contracts.common import SHARED_GROUPS
 from strategies.contracts.contract import Contract
 from strategies.contracts.keys import KeySpec
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 BEGIN, END = "<!-- keys:begin (python -m app.reference --write) -->", "<!-- keys:end -->"
+MODELS_DOC = DOC.with_name("models.md")
+MODELS_BEGIN, MODELS_END = "<!-- models:begin (python -m app.reference --write) -->", "<!-- models:end -->"
 
 
 def _cell(value: object) -> str:
@@ -32,7 +35,7 @@ def _cell(value: object) -> str:
 def _table(specs: tuple[KeySpec, ...], contracts: Mapping[str, Contract]) -> list[str]:
     lines = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
     for spec in specs:
-        choices = tuple(contracts) if spec.name == "strategy" else spec.choices
+        choices = {"strategy": tuple(contracts), "model": tuple(model_cards())}.get(spec.name, spec.choices)
         allowed = ", ".join(f"`{c}`" for c in choices) if choices else spec.allowed()
         allowed = allowed.replace("|", "\\|")
         meaning = spec.doc.replace("|", "\\|") + (" (server only)" if spec.server_only else "")
@@ -55,27 +58,41 @@ def reference(contracts: Mapping[str, Contract] = CONTRACTS) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def documented(text: str) -> str:
-    """The generated part of docs/configuration.md's text."""
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{DOC} lacks the markers {BEGIN!r} and {END!r}")
-    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+def models_table() -> str:
+    """Markdown: one row per registered model, its traits as the settings checks read them."""
+    lines = ["| `model` | network | inputs | smooth | norm | task |", "|---|---|---|---|---|---|"]
+    for name, card in model_cards().items():
+        smooth = "yes" if card.smooth else "no (ReLU)"
+        lines.append(f"| `{name}` | {card.summary} | {card.inputs} | {smooth} | {card.norm} | {card.task} |")
+    return "\n".join(lines) + "\n"
+
+
+def documented(text: str, begin: str = BEGIN, end: str = END) -> str:
+    """The generated part of a page's text, between its markers."""
+    if begin not in text or end not in text:
+        raise ValueError(f"the page lacks the markers {begin!r} and {end!r}")
+    return text.split(begin, 1)[1].split(end, 1)[0].strip("\n") + "\n"
+
+
+def write_between(page: Path, begin: str, end: str, generated: str) -> None:
+    """Replace what lies between ``begin`` and ``end`` in ``page`` with ``generated``."""
+    text = page.read_text()
+    documented(text, begin, end)  # the markers are there
+    head, rest = text.split(begin, 1)
+    page.write_text(f"{head}{begin}\n{generated}{end}{rest.split(end, 1)[1]}")
+    print(f"wrote {page}")
 
 
 def main() -> None:
-    """Print the tables, or write them into docs/configuration.md."""
+    """Print the tables, or write them into docs/configuration.md and docs/models.md."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"rewrite the tables in {DOC}")
+    parser.add_argument("--write", action="store_true", help=f"rewrite the tables in {DOC} and {MODELS_DOC}")
     args = parser.parse_args()
-    tables = reference()
     if not args.write:
-        print(tables, end="")
+        print(reference(), models_table(), sep="\n", end="")
         return
-    text = DOC.read_text()
-    documented(text)  # the markers are there
-    head, rest = text.split(BEGIN, 1)
-    DOC.write_text(f"{head}{BEGIN}\n{tables}{END}{rest.split(END, 1)[1]}")
-    print(f"wrote {DOC}")
+    write_between(DOC, BEGIN, END, reference())
+    write_between(MODELS_DOC, MODELS_BEGIN, MODELS_END, models_table())
 
 
 if __name__ == "__main__":

@@ -18,11 +18,12 @@ from app.registry import METHODS
 from app.results import ResultWriter, run_directory
 from app.workdir import resolved
 from clients.base import torch_device
-from clients.models import build_model, parameter_count
+from clients.models import build_model, layout_of, parameter_count
 from clients.training import accuracy_and_loss, to_tensor
 from datasets import dataset_shape, load_source
 from strategies.base import FederatedStrategy
 from strategies.checkpoint import Checkpoint, CheckpointError, checkpoint_file, load_checkpoint
+from strategies.contracts.models import ModelLayout
 from strategies.resume import ContinuedRun
 from strategies.server import RoundServer
 
@@ -44,27 +45,27 @@ def central_evaluator(settings: Settings) -> Callable[[list[np.ndarray]], dict[s
     return evaluate
 
 
-def initial_model(settings: Settings) -> tuple[Parameters, tuple[str, ...]]:
-    """The model every run starts from, built from the seed so server and clients agree, and its arrays' names."""
+def initial_model(settings: Settings) -> tuple[Parameters, ModelLayout]:
+    """The model every run starts from, built from the seed so server and clients agree, and its layout."""
     input_shape, num_classes = dataset_shape(settings.data_spec())
     model = build_model(settings.training.model, input_shape=input_shape, num_classes=num_classes,
                         seed=settings.run.seed)  # fmt: skip
     log(INFO, "stamen: %s on %s, model %s (%d parameters)", settings.run.strategy, settings.data.dataset,
         settings.training.model, parameter_count(model))  # fmt: skip
     arrays = model.state_dict()
-    return ndarrays_to_parameters([value.detach().cpu().numpy() for value in arrays.values()]), tuple(arrays)
+    return ndarrays_to_parameters([value.detach().cpu().numpy() for value in arrays.values()]), layout_of(model)
 
 
 def initial_parameters(settings: Settings) -> Parameters:
-    """The model every run starts from (:func:`initial_model` without the names)."""
+    """The model every run starts from (:func:`initial_model` without the layout)."""
     return initial_model(settings)[0]
 
 
 def build_strategy(settings: Settings, **options: object) -> FederatedStrategy:
     """The run's method's strategy from its initial model; ``options`` go to its constructor (recorder, ...)."""
-    parameters, names = initial_model(settings)
+    parameters, layout = initial_model(settings)
     return METHODS[settings.run.strategy].strategy(settings=settings, initial_parameters=parameters,
-                                                   array_names=names, **options)  # fmt: skip
+                                                   layout=layout, **options)  # fmt: skip
 
 
 # What may change when a run resumes: its length, where and how often it writes, where it computes.
@@ -115,7 +116,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     checkpoint = checkpoint_to_resume(settings) if settings.execution.resume_from else None
     # everything that can fail on the server runs before the results folder exists, so a folder is
     # only made for a run that reaches its clients (and then ends with a summary.json either way)
-    parameters, names = initial_model(settings)
+    parameters, layout = initial_model(settings)
     central_evaluation = central_evaluator(settings) if settings.run.central_eval else None
     if checkpoint is None:
         execution = settings.execution
@@ -129,7 +130,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     strategy = METHODS[settings.run.strategy].strategy(
         settings=settings,
         initial_parameters=parameters,
-        array_names=names,
+        layout=layout,
         recorder=ResultWriter(run_dir=run_dir, settings=settings.as_run_config(), resume_after=resume_after,
                               provenance=run_provenance(settings.execution.device)),
         central_evaluation=central_evaluation,

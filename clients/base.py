@@ -16,9 +16,11 @@ from flwr.client import NumPyClient
 from flwr.common.logger import log
 from torch import nn
 
+from clients.models import layout_of
 from clients.state import ClientState
 from clients.training import (
     Alignment,
+    BatchTerm,
     ExtraLoss,
     PersonalisedResult,
     Step,
@@ -166,8 +168,10 @@ class TorchClient(NumPyClient):
         self.state = state if state is not None else ClientState(owner=self.contract.name)
         self.device = torch_device(settings.execution.device)
         self.model = model.to(self.device)
-        names = list(self.model.state_dict())
-        personal = set(self.contract.personal_arrays(self.method, names))
+        self.model_card = settings.model_card
+        self.layout = layout_of(self.model)
+        names = list(self.layout.names)
+        personal = set(self.contract.personal_arrays(self.method, self.layout))
         self.shared_names = [name for name in names if name not in personal]  # what travels
         self.personal_names = [name for name in names if name in personal]  # what stays here, in Context.state
         self.received: dict[str, list[np.ndarray]] = {}  # the array sets the server sent beside the model
@@ -204,18 +208,29 @@ class TorchClient(NumPyClient):
     def check(self, training: TrainingSettings, method: MethodSettings) -> None:
         """Raise ``ValueError`` if the round's settings cannot work on this client's data.
 
-        The base refuses an empty training set and, under ``strict-batches``, a batch
-        size larger than the training set (otherwise such a batch takes min(b, n)
-        examples). A method that adds rules calls this first.
+        The base refuses an empty training set; under ``strict-batches``, a batch size
+        larger than the training set (otherwise such a batch takes min(b, n) examples);
+        and a batch the model cannot train on: with BatchNorm (the model's card), one that
+        this client's training set cuts below two examples. A method that adds rules
+        calls this first.
         """
         num = len(self.train_y)
         if num == 0:
             raise ValueError(f"this client has no training examples{self._where()}")
+        sizes = self.batch_sizes(training, method)
         if training.strict_batches:
-            for name, size in self.batch_sizes(training, method).items():
+            for name, size in sizes.items():
                 if size > num:
                     raise ValueError(f"{name} {size} must be in [1, {num}] (this client's training examples"
                                      f"{self._where()}; strict-batches = true)")  # fmt: skip
+        low = self.model_card.min_batch
+        if training.adapt_steps > 0:
+            sizes = {**sizes, "adapt-batch-size": training.adapt_batch_size or num}
+        for name, size in sizes.items():
+            if min(size, num) < low:
+                raise ValueError(f"{name} {size}: this client's batches would hold {min(size, num)} example(s) (it "
+                                 f"has {num}{self._where()}); model {self.model_card.name!r} ({self.model_card.norm} "
+                                 f"norm) trains on at least {low}")  # fmt: skip
 
     def _where(self) -> str:
         return f" in {self.data_dir}" if self.data_dir else ""
@@ -231,14 +246,17 @@ class TorchClient(NumPyClient):
         steps: int | None = None,
         batch_size: int | None = None,
         extra_loss: ExtraLoss | None = None,
+        batch_term: BatchTerm | None = None,
         on_step: Callable[[Step], None] | None = None,
         trainable: Collection[str] | None = None,
     ) -> TrainReport:
         """SGD on this client's training data: ``lr``, ``batch-size`` and ``local-steps`` or ``local-epochs``.
 
         A method may change the step size, the number of steps, the batch size, add a
-        loss term, watch every step, or train only some parameters (``trainable``, by
-        name; the rest frozen) (see :func:`clients.training.train_steps`).
+        loss term of the parameters (``extra_loss``) or of the batch and the model's pass
+        over it (``batch_term``: output and representation), watch every step, or train
+        only some parameters (``trainable``, by name; the rest frozen) (see
+        :func:`clients.training.train_steps`).
         """
         num = len(self.train_y)
         batch_size = training.batch_size if batch_size is None else batch_size
@@ -246,7 +264,7 @@ class TorchClient(NumPyClient):
             steps = steps_for(num, batch_size, training.local_steps, training.local_epochs)
         batches = batches_of(self.train_x, self.train_y, batch_indices(num, batch_size, steps, rng))
         return train_steps(self.model, batches, training.lr if lr is None else lr, extra_loss=extra_loss,
-                           on_step=self.watched(on_step), trainable=trainable)  # fmt: skip
+                           batch_term=batch_term, on_step=self.watched(on_step), trainable=trainable)  # fmt: skip
 
     def watched(self, on_step: Callable[[Step], None] | None = None) -> Callable[[Step], None] | None:
         """``on_step``, and in a tuned run also the round's :class:`Alignment`; pass it to ``train_steps``."""

@@ -35,7 +35,7 @@ class PerFedAvgClient(TorchClient):
         sizes = tuple(method.batch_sizes(training.batch_size).values())
         direction = meta_direction(alpha=method.alpha, variant=method.variant, delta=method.delta,
                                    relative_delta=method.delta_scale == "relative",
-                                   curvature_bound=method.curvature_bound_on(training.model))  # fmt: skip
+                                   curvature_bound=method.curvature_bound_on(self.model_card.smooth))  # fmt: skip
         # in a tuned run, phi is the alignment of successive meta-gradients (the steps actually taken)
         return train_steps(self.model, self.meta_batches(sizes, training.local_steps, rng), method.beta,
                            direction=direction, on_step=self.watched())  # fmt: skip

@@ -2,13 +2,17 @@
 
 Every client trains through :func:`train_steps`: from a model's parameters it takes
 one step per batch, ``w <- w - lr * direction``, and returns the model's new
-parameters with what the steps cost. What a step is can change in four places:
+parameters with what the steps cost. What a step is can change in five places:
 
 - ``direction``: the default is the gradient of the task loss (SGD); Per-FedAvg
   passes its meta-gradient, whose batch is the triple (D, D', D'').
 - ``extra_loss``: a term added to the loss before differentiating, as a function
   of the parameters (:func:`proximal_term` is FedProx's proximal term and Ditto's
   regulariser); the training loss reported stays the task's.
+- ``batch_term``: a term added to the loss as a function of the parameters, the batch
+  and the model's pass over it (:class:`Forward`: its output and its representation,
+  ``features(x)``), from the same forward pass: MOON's contrastive term on the
+  representation, FedProto's distance of the representations to the class prototypes.
 - ``on_step``: called after every step with that step (FATHOM's ``phi`` watches
   the gradients go by).
 - ``trainable``: the parameters the steps move, by name, the rest held fixed (FedRep
@@ -38,6 +42,17 @@ LossFn = Callable[[Params, Batch], Tensor]
 ExtraLoss = Callable[[Params], Tensor]
 
 
+@dataclass(frozen=True)
+class Forward:
+    """The model's pass over a step's batch at the step's parameters: its output and its representation."""
+
+    output: Tensor
+    features: Tensor
+
+
+BatchTerm = Callable[[Params, Batch, Forward], Tensor]
+
+
 def task_loss(output: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     """Cross-entropy for class labels; half the squared error for real targets (least squares).
 
@@ -50,28 +65,68 @@ def task_loss(output: Tensor, target: Tensor, reduction: str = "mean") -> Tensor
     return F.cross_entropy(output, target, reduction=reduction)
 
 
+def parameterised(model: nn.Module, trainable: Sequence[str] | None = None) -> Callable[[Params], dict[str, Tensor]]:
+    """Parameters (all, or the ``trainable`` ones, in ``named_parameters`` order) -> the dict ``functional_call`` takes.
+
+    The parameters not in ``trainable`` are held at their values now.
+    """
+    names = [name for name, _ in model.named_parameters()]
+    if trainable is None:
+        return lambda params: dict(zip(names, params, strict=True))
+    frozen = {name: p.detach() for name, p in model.named_parameters() if name not in trainable}
+    moving = [name for name in names if name in trainable]
+    return lambda params: {**frozen, **dict(zip(moving, params, strict=True))}
+
+
 def model_loss(model: nn.Module, trainable: Sequence[str] | None = None) -> LossFn:
     """The task loss of ``model`` at the given parameters (in ``named_parameters`` order).
 
     With ``trainable`` (parameter names), the loss takes those parameters alone, in
     ``named_parameters`` order, and holds the others at their values now.
     """
-    names = [name for name, _ in model.named_parameters()]
-    if trainable is None:
+    mapping = parameterised(model, trainable)
 
-        def loss(params: Params, batch: Batch) -> Tensor:
-            x, y = batch
-            return task_loss(functional_call(model, dict(zip(names, params, strict=True)), (x,)), y)
-
-        return loss
-    frozen = {name: p.detach() for name, p in model.named_parameters() if name not in trainable}
-    moving = [name for name in names if name in trainable]
-
-    def partial_loss(params: Params, batch: Batch) -> Tensor:
+    def loss(params: Params, batch: Batch) -> Tensor:
         x, y = batch
-        return task_loss(functional_call(model, {**frozen, **dict(zip(moving, params, strict=True))}, (x,)), y)
+        return task_loss(functional_call(model, mapping(params), (x,)), y)
 
-    return partial_loss
+    return loss
+
+
+class LastForward:
+    """The most recent batch and pass of a :func:`model_loss_with_forward` loss, for the step's batch term."""
+
+    batch: Batch
+    forward: Forward
+
+
+def model_loss_with_forward(model: nn.Module, trainable: Sequence[str] | None = None) -> tuple[LossFn, LastForward]:
+    """:func:`model_loss` whose pass also yields the representation, kept (with the batch) in the returned holder.
+
+    The model must offer ``forward(x, with_features=True)`` (a ``SplitModel``). The loss is
+    still the task's; the holder lets a batch term reuse the pass instead of a second one.
+    """
+    mapping, last = parameterised(model, trainable), LastForward()
+
+    def loss(params: Params, batch: Batch) -> Tensor:
+        x, y = batch
+        output, features = functional_call(model, mapping(params), (x,), {"with_features": True})
+        last.batch, last.forward = batch, Forward(output, features)
+        return task_loss(output, y)
+
+    return loss, last
+
+
+@torch.no_grad()
+def features_at(model: nn.Module, values: Iterable[Tensor], x: Tensor) -> Tensor:
+    """The representation ``features(x)`` of ``model`` at other parameters ``values`` (``named_parameters`` order).
+
+    Evaluated in the model's current mode on copies of its buffers, so a BatchNorm's
+    running statistics are not moved by this extra pass; no gradient flows.
+    """
+    mapping = dict(zip([name for name, _ in model.named_parameters()], values, strict=True))
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    return functional_call(model, {**mapping, **buffers}, (x,), {"with_features": True})[1]
 
 
 def gradient(
@@ -176,6 +231,7 @@ def train_steps(
     *,
     direction: Direction = gradient_direction,
     extra_loss: ExtraLoss | None = None,
+    batch_term: BatchTerm | None = None,
     on_step: Callable[[Step], None] | None = None,
     trainable: Collection[str] | None = None,
 ) -> TrainReport:
@@ -193,6 +249,10 @@ def train_steps(
         Maps ``(loss_fn, params, batch, extra_loss)`` to a :class:`Step`.
     extra_loss
         Added to the task loss before differentiating (a function of the parameters).
+    batch_term
+        Added too: a function of the parameters, the batch and the model's pass over it
+        (:class:`Forward`), from the pass that computed the task loss. SGD steps only (the
+        default ``direction``); the model must offer ``forward(x, with_features=True)``.
     on_step
         Called with every step, after it is taken.
     trainable
@@ -203,7 +263,8 @@ def train_steps(
     Raises
     ------
     ValueError
-        If ``trainable`` names a parameter the model lacks, or none at all.
+        If ``trainable`` names a parameter the model lacks, or none at all; or a
+        ``batch_term`` comes with another direction than SGD's.
 
     """
     names = [name for name, _ in model.named_parameters()]
@@ -212,7 +273,13 @@ def train_steps(
         if unknown or not trainable:
             raise ValueError(f"trainable names {unknown or '(none)'}; the model's parameters are {names}")
         trainable = [name for name in names if name in trainable]
-    loss_fn = model_loss(model, trainable)
+    if batch_term is None:
+        loss_fn = model_loss(model, trainable)
+    else:
+        if direction is not gradient_direction:
+            raise ValueError("a batch_term is added to SGD's loss; this step's direction is another")
+        loss_fn, last = model_loss_with_forward(model, trainable)
+        extra_loss = with_batch_term(extra_loss, batch_term, last)
     targets = [p for name, p in model.named_parameters() if trainable is None or name in trainable]
     params = tuple(p.detach() for p in targets)
     model.train()
@@ -232,6 +299,16 @@ def train_steps(
         stacked = torch.stack(losses).double()
         mean, first = torch.stack([stacked.mean(), stacked[0]]).tolist()  # the round's one read
     return TrainReport(mean, len(losses), grad_evals, sample_grads, hvp_evals, first_loss=first)
+
+
+def with_batch_term(extra_loss: ExtraLoss | None, batch_term: BatchTerm, last: LastForward) -> ExtraLoss:
+    """``extra_loss`` plus ``batch_term`` on the batch and pass the loss just computed (``gradient`` calls them so)."""
+
+    def extra(params: Params) -> Tensor:
+        term = batch_term(params, last.batch, last.forward)
+        return term if extra_loss is None else term + extra_loss(params)
+
+    return extra
 
 
 def write_parameters(targets: Iterable[nn.Parameter], values: Params) -> None:

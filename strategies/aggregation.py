@@ -18,13 +18,26 @@ def unflatten(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarra
 
 
 def weighted_average_inplace(models: list[list[np.ndarray]], weights: list[float]) -> list[np.ndarray]:
-    """``sum_i w_i x_i / sum_i w_i`` per layer, overwriting the inputs.
+    """``sum_i w_i x_i / sum_i w_i`` per floating-point layer, overwriting the inputs; non-float layers take the max.
 
     The same operations, in the same order, as Flower's ``aggregate_inplace`` (scale
     each model by its share in place, then add them up in reply order), so results
     are bit-for-bit those of ``FedAvg(inplace=True)``; it works on models already
     decoded, so each reply is decoded once per round instead of twice.
+
+    An array that is not floating point (BatchNorm's ``num_batches_tracked``, an integer
+    counter; a boolean mask) is never averaged: scaling an integer by a share below 1
+    truncates it to 0. Its result is the element-wise maximum over the models (for a
+    counter: the largest count any client reached).
     """
+    floats = [np.issubdtype(x.dtype, np.floating) for x in models[0]]
+    if not all(floats):
+        counted = {i: np.asarray(np.max([model[i] for model in models], axis=0)) for i, f in enumerate(floats) if not f}
+        averaged = weighted_average_inplace([[x for x, f in zip(m, floats, strict=True) if f] for m in models], weights)
+        rest = iter(averaged)
+        return [counted[i] if i in counted else next(rest) for i in range(len(floats))]
+    if not models[0]:
+        return []
     total = sum(weights)
     shares = np.asarray([w / total for w in weights])
 

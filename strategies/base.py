@@ -61,6 +61,7 @@ from strategies.checkpoint import Checkpoint, CheckpointError, arrays_of_model, 
 from strategies.contracts.common import EVALUATE_METRICS, FIT_METRICS, PARTITION_ID, Settings
 from strategies.contracts.contract import Contract
 from strategies.contracts.fedavg import CONTRACT as FEDAVG
+from strategies.contracts.models import ModelLayout
 from strategies.contracts.payload import LAYOUT, MODEL, layout_of, unpack
 from strategies.nodes import NodeDirectory, PreflightError, data_lines
 from strategies.recorder import NullRecorder, Recorder
@@ -102,9 +103,11 @@ class FederatedStrategy(Strategy):
         The run's settings; ``settings.method`` must be this strategy's contract's settings.
     initial_parameters
         The global model before round 1.
-    array_names
-        The names of the model's arrays (its ``state_dict`` keys, in order); needed by a
-        method whose contract keeps personal arrays on the clients, to find them.
+    layout
+        The model's :class:`~strategies.contracts.models.ModelLayout` (its ``state_dict``
+        names in order, their dtypes, the kinds of layer owning them, its head:
+        ``clients.models.layout_of(model)``), or just the names. A method whose contract
+        keeps personal arrays on the clients needs it to find them.
     recorder
         Receives the round records, named arrays, checkpoints and the final summary.
     central_evaluation
@@ -120,7 +123,7 @@ class FederatedStrategy(Strategy):
         *,
         settings: Settings,
         initial_parameters: Parameters,
-        array_names: Sequence[str] = (),
+        layout: ModelLayout | Sequence[str] = (),
         recorder: Recorder | None = None,
         central_evaluation: Callable[[list[np.ndarray]], dict[str, float]] | None = None,
     ) -> None:
@@ -135,7 +138,8 @@ class FederatedStrategy(Strategy):
         self.global_parameters = initial_parameters
         self.global_model = parameters_to_ndarrays(initial_parameters)  # decoded once, kept decoded
         self.shapes = [a.shape for a in self.global_model]
-        self.shared = self._shared_indices(array_names)  # the model's arrays that travel, by index
+        self.layout = layout if isinstance(layout, ModelLayout) else ModelLayout.of_names(tuple(layout))
+        self.shared = self._shared_indices(self.layout)  # the model's arrays that travel, by index
         self.sent_shapes = [self.shapes[i] for i in self.shared]
         self.global_shared = self._shared_part(self.global_model)
         self.connected_partitions: list[int] = []  # the partitions connected when this round's fit was configured
@@ -160,16 +164,19 @@ class FederatedStrategy(Strategy):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rounds={self.num_rounds})"
 
-    def _shared_indices(self, array_names: Sequence[str]) -> list[int]:
+    def _shared_indices(self, layout: ModelLayout) -> list[int]:
         everything = list(range(len(self.global_model)))
+        if layout.names and len(layout.names) != len(self.global_model):
+            raise TypeError(f"{type(self).__name__}: the layout names {len(layout.names)} arrays, the model has "
+                            f"{len(self.global_model)}")  # fmt: skip
         if self.contract.personal is None:
             return everything
-        if len(array_names) != len(self.global_model):
+        if not layout.names:
             raise TypeError(f"{type(self).__name__} keeps {self.contract.personal.describe(self.method.values())} on "
-                            f"the clients and needs the model's array names to find them (array_names): got "
-                            f"{len(array_names)} names for {len(self.global_model)} arrays")  # fmt: skip
-        personal = set(self.contract.personal_arrays(self.method, array_names))
-        return [i for i in everything if array_names[i] not in personal]
+                            "the clients and needs the model's layout to find them (layout = "
+                            "clients.models.layout_of(model))")  # fmt: skip
+        personal = set(self.contract.personal_arrays(self.method, layout))
+        return [i for i in everything if layout.names[i] not in personal]
 
     def _shared_part(self, model: list[np.ndarray]) -> list[np.ndarray]:
         return model if len(self.shared) == len(model) else [model[i] for i in self.shared]

@@ -8,7 +8,6 @@ from flwr.common import Scalar
 from flwr.common.logger import log
 
 from strategies.base import FederatedStrategy
-from strategies.contracts.common import RELU_MODELS
 from strategies.contracts.perfedavg import CONTRACT
 
 
@@ -28,10 +27,10 @@ class PerFedAvg(FederatedStrategy):
     def hf_on_relu(self) -> str:
         """Why ``hf`` is unsafe here, when it runs on a ReLU model; else ``""``."""
         model = self.settings.training.model
-        if self.method.variant != "hf" or model not in RELU_MODELS:
+        if self.method.variant != "hf" or self.settings.model_card.smooth:
             return ""
-        return (f"perfedavg-variant 'hf' on model {model!r} (ReLU): the central difference of a piecewise-linear "
-                "gradient is no Hessian estimate (10x the exact product's norm at the start, "
+        return (f"perfedavg-variant 'hf' on model {model!r} (ReLU): the central difference of a "
+                "piecewise-linear gradient is no Hessian estimate (10x the exact product's norm at the start, "
                 "docs/methods/perfedavg.md#where-each-variant-is-safe); use 'so' or 'fo'")  # fmt: skip
 
     def start(self) -> None:

@@ -126,10 +126,13 @@ def update_norm(arrays: Sequence[np.ndarray], sent: Sequence[np.ndarray]) -> flo
     """``||arrays - sent||``, the Euclidean norm of a reply's update over all its arrays.
 
     One subtraction and one dot product per array, in the arrays' own precision: a
-    screen of scale, not a measurement.
+    screen of scale, not a measurement. Arrays that are not floating point (BatchNorm's
+    step counters) are no part of the model's update and are left out.
     """
     total = 0.0
     for array, before in zip(arrays, sent, strict=True):
+        if not np.issubdtype(np.asarray(array).dtype, np.floating):
+            continue
         step = np.subtract(array, before).ravel()
         total += float(np.dot(step, step))
     return math.sqrt(total)

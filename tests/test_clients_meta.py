@@ -263,7 +263,7 @@ def test_a_curvature_bound_leaves_fo_as_it_is():
 def test_the_default_curvature_bound_is_0_3_for_so_on_a_relu_model_and_off_elsewhere():
     def bound(**keys):
         run = settings(strategy="perfedavg", **keys)
-        return run.method.curvature_bound_on(run.training.model)
+        return run.method.curvature_bound_on(run.model_card.smooth)
 
     assert bound(perfedavg_variant="so", model="cnn-small") == 0.3
     assert bound(perfedavg_variant="so", model="cnn") == 0.3

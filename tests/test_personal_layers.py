@@ -24,6 +24,7 @@ from datasets import ClientData
 from strategies.base import FederatedStrategy
 from strategies.contracts.contract import Contract, MethodSettings
 from strategies.contracts.keys import ConfigError, key
+from strategies.contracts.models import ModelLayout
 from strategies.contracts.personal import LastLayers, layers_of
 
 MLP_NAMES = ["layers.1.weight", "layers.1.bias", "layers.3.weight", "layers.3.bias", "layers.5.weight", "layers.5.bias"]
@@ -76,11 +77,12 @@ def toy_client(state=None, partition=0):
 def test_the_rule_picks_the_last_layers_by_name_and_keeps_one_shared():
     assert list(layers_of(MLP_NAMES)) == ["layers.1", "layers.3", "layers.5"]
     rule = LastLayers("toyp-personal-layers")
-    assert rule.select({"toyp-personal-layers": 1}, MLP_NAMES) == ("layers.5.weight", "layers.5.bias")
-    assert rule.select({"toyp-personal-layers": 2}, MLP_NAMES) == tuple(MLP_NAMES[2:])
+    layout = ModelLayout.of_names(MLP_NAMES)
+    assert rule.select({"toyp-personal-layers": 1}, layout) == ("layers.5.weight", "layers.5.bias")
+    assert rule.select({"toyp-personal-layers": 2}, layout) == tuple(MLP_NAMES[2:])
     with pytest.raises(ConfigError, match=r"'toyp-personal-layers': 3 is outside \[1, 2\] for this model, whose "
                                           r"layers are \['layers.1', 'layers.3', 'layers.5'\]"):  # fmt: skip
-        rule.select({"toyp-personal-layers": 3}, MLP_NAMES)
+        rule.select({"toyp-personal-layers": 3}, layout)
     assert list(mlp().state_dict()) == MLP_NAMES
 
 
@@ -111,10 +113,10 @@ def test_a_method_may_check_its_keys_against_the_models_shapes():
 
 def test_the_server_sends_and_averages_the_shared_arrays_and_keeps_the_rest():
     start = [v.detach().numpy() for v in mlp().state_dict().values()]
-    with pytest.raises(TypeError, match="needs the model's array names"):
+    with pytest.raises(TypeError, match="needs the model's layout to find them"):
         ToyPersonal(settings=toy_settings(), initial_parameters=ndarrays_to_parameters(start))
     strategy = ToyPersonal(settings=toy_settings(), initial_parameters=ndarrays_to_parameters(start),
-                           array_names=MLP_NAMES)  # fmt: skip
+                           layout=MLP_NAMES)  # fmt: skip
     manager = SimpleClientManager()
     proxies = [FakeProxy(str(i)) for i in range(2)]
     for proxy in proxies:

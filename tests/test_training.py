@@ -60,3 +60,51 @@ def test_gradient_leaves_its_inputs_alone():
 def test_a_field_named_like_a_keyword_drops_its_underscore():
     assert key_name("ditto", "lambda_") == "ditto-lambda"
     assert key_name("", "local_steps") == "local-steps"
+
+
+def test_a_batch_term_sees_the_batch_the_output_and_the_representation_of_the_same_pass():
+    # least squares (representation: the input itself, output: x w) plus lam/2 mean(output^2) + c * sum(z * y):
+    # the second term's gradient is 0 (z is the input, not a function of w); the first adds lam X^T X w / n
+    model, x, y = least_squares(seed=1)
+    w0 = next(model.parameters()).detach().clone().reshape(-1).numpy()
+    lr, lam, seen, extra_seen = 0.2, 0.5, [], []
+
+    def term(params, batch, forward):
+        bx, by = batch
+        assert forward.features.shape == bx.shape and torch.equal(forward.features, bx)
+        extra_seen.append(float(forward.output.reshape(-1) @ forward.output.reshape(-1)))
+        return 0.5 * lam * (forward.output**2).mean() + 3.0 * (forward.features * by[:, None]).sum()
+
+    train_steps(model, [(x, y), (x, y)], lr, batch_term=term, on_step=seen.append,
+                extra_loss=proximal_term((torch.zeros(1, 3, dtype=torch.float64),), 0.1))  # fmt: skip
+    xs, ys = x.numpy(), y.numpy()
+    w, outputs = w0.copy(), []
+    for _ in range(2):
+        outputs.append(float((xs @ w) @ (xs @ w)))
+        w = w - lr * (xs.T @ (xs @ w - ys) / len(ys) + lam * xs.T @ (xs @ w) / len(ys) + 0.1 * w)
+    np.testing.assert_allclose(next(model.parameters()).detach().reshape(-1).numpy(), w, rtol=1e-12)
+    np.testing.assert_allclose(extra_seen, outputs, rtol=1e-12)  # the term saw the pass at each step's parameters
+    assert seen[0].loss == pytest.approx(0.5 * np.mean((xs @ w0 - ys) ** 2), rel=1e-12)  # the task's loss alone
+
+
+def test_a_batch_term_is_refused_with_a_meta_direction():
+    model, x, y = least_squares()
+    with pytest.raises(ValueError, match="batch_term is added to SGD's loss"):
+        train_steps(model, [(x, y)], 0.1, direction=lambda *a: None, batch_term=lambda p, b, f: 0)
+
+
+def test_features_at_other_parameters_leaves_the_models_batchnorm_statistics_alone():
+    from clients.training import features_at
+
+    model = build_model("fedavg-cnn-bn", input_shape=(1, 28, 28), num_classes=10, seed=0).train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(5, 1, 28, 28)
+    values = [p.detach() * 2 for p in model.parameters()]
+    z = features_at(model, values, x)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    doubled = build_model("fedavg-cnn-bn", input_shape=(1, 28, 28), num_classes=10, seed=0).train()
+    with torch.no_grad():
+        for p, v in zip(doubled.parameters(), values, strict=True):
+            p.copy_(v)
+        torch.testing.assert_close(z, doubled.features(x))

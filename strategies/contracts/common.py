@@ -26,11 +26,10 @@ from datasets import (
 )
 from strategies.contracts.contract import MethodSettings, Metric
 from strategies.contracts.keys import ConfigError, KeyedSettings, key
+from strategies.contracts.models import ModelCard
 
-MODELS = ("mlp", "cnn", "cnn-small", "logreg", "linear")
-IMAGE_MODELS = ("cnn", "cnn-small")
-RELU_MODELS = ("cnn", "cnn-small")  # piecewise linear: a finite difference of their gradient is no Hessian estimate
 AGGREGATIONS = ("examples", "uniform")
+REGRESSION_DATASETS = ("least-squares",)  # real targets: the models whose task is regression
 DEVICES = ("auto", "cpu", "cuda")
 TUNERS = ("none", "fathom")
 # Upper bounds that only stop typos (10**30 rounds): far past any run these machines can make, and stated
@@ -180,7 +179,8 @@ LOCAL_TRAINING_KEYS = ("lr", "local-steps", "local-epochs", "batch-size")
 class TrainingSettings(KeyedSettings):
     """The model, local training and the personalised evaluation every client runs."""
 
-    model: str = key("mlp", "the network (see the models table)", choices=MODELS)
+    # its choices are the registered models (clients/models/registry.py), checked by app.config.parse_settings
+    model: str = key("mlp", "the network, one of the registered models (docs/models.md)")
     lr: float = key(0.05, "local SGD step size", above=0)
     local_steps: int = key(10, "local steps per round (the paper's tau)", at_least=1, at_most=MAX_STEPS)
     local_epochs: float = key(0.0, "if > 0: passes over the local data per round instead of local-steps", at_least=0,
@@ -216,10 +216,11 @@ SHARED_GROUPS: tuple[type[KeyedSettings], ...] = (RunSettings, DataSettings, Tra
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """A whole run's settings: the four shared groups and the chosen method's own.
+    """A whole run's settings: the four shared groups, the chosen model's card and the chosen method's own.
 
     Building one checks the rules between groups (a model that needs images on
-    generated data, say) and then the method's own rules against the shared keys.
+    generated data, a BatchNorm model with batches of one, say) and then the method's
+    own rules against the shared keys.
     """
 
     run: RunSettings
@@ -227,16 +228,21 @@ class Settings:
     training: TrainingSettings
     execution: ExecutionSettings
     method: MethodSettings
+    model_card: ModelCard  # the traits of ``training.model``, from the model registry
     tuner: MethodSettings | None = None  # the tuner's own settings (fathom-*), when ``tune`` names one
 
     def __post_init__(self) -> None:
-        data, training = self.data, self.training
-        if training.model in IMAGE_MODELS and data.dataset in GENERATED:
+        data, training, card = self.data, self.training, self.model_card
+        if card.name != training.model:
+            raise ValueError(f"Settings: model card {card.name!r} for model {training.model!r}")
+        if card.inputs == "image" and data.dataset in GENERATED:
             raise ConfigError(f"run config key 'model': {training.model!r} needs images; dataset {data.dataset!r} "
                               "has feature vectors")  # fmt: skip
-        if (training.model == "linear") != (data.dataset == "least-squares"):
-            raise ConfigError("run config key 'model': dataset 'least-squares' (real targets) and model 'linear' go "
-                              f"together; got model {training.model!r} with dataset {data.dataset!r}")  # fmt: skip
+        if (card.task == "regression") != (data.dataset in REGRESSION_DATASETS):
+            raise ConfigError(f"run config key 'model': dataset {data.dataset!r} and model {training.model!r} "
+                              f"({card.task}) do not go together: real targets ({list(REGRESSION_DATASETS)}) need "
+                              "a regression model ('linear'), class labels a classifier")  # fmt: skip
+        self.check_batches()
         if self.run.central_eval and data.dataset in GENERATED:
             raise ConfigError(f"run config key 'central-eval': needs a dataset with its own test set; "
                               f"{data.dataset!r} has none")  # fmt: skip
@@ -244,6 +250,17 @@ class Settings:
             raise ConfigError(f"run config key 'central-eval': the server tests on the run config's data-dir, which "
                               f"is empty (dataset {data.dataset!r}: the devices hold the data)")  # fmt: skip
         self.method.check_in(self)
+
+    def check_batches(self) -> None:
+        """Refuse batch sizes the model cannot train on: every ``*batch-size`` key below its ``min_batch``."""
+        low = self.model_card.min_batch
+        values = {**self.training.values(), **self.method.values()}
+        for name, value in values.items():
+            # adapt-batch-size 0 means the whole training set, checked per client in the preflight
+            if name.endswith("batch-size") and 0 < int(value) < low:
+                raise ConfigError(f"run config key {name!r}: {value} is below {low}, the smallest batch model "
+                                  f"{self.training.model!r} trains on ({self.model_card.norm} norm: a batch of 1 has "
+                                  "no batch statistics)")  # fmt: skip
 
     def as_run_config(self) -> dict[str, object]:
         """Every key of the shared groups and of the method, with its value (for summaries and checkpoints)."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from strategies.contracts.keys import INF, KeyedSettings
+from strategies.contracts.models import ModelLayout
 from strategies.contracts.payload import ArraySet
 from strategies.contracts.personal import PersonalArrays
 
@@ -219,6 +220,13 @@ class Contract:
             kept.append(self.personal.describe(method.values()))
         return " and ".join(kept)
 
-    def personal_arrays(self, method: MethodSettings, names: Sequence[str]) -> tuple[str, ...]:
-        """The model's arrays (``state_dict`` names) that stay on the clients; none unless ``personal`` is set."""
-        return () if self.personal is None else self.personal.select(method.values(), names)
+    def personal_arrays(self, method: MethodSettings, layout: ModelLayout | Sequence[str]) -> tuple[str, ...]:
+        """The model's arrays (``state_dict`` names) that stay on the clients; none unless ``personal`` is set.
+
+        ``layout`` is the built model's :class:`ModelLayout`; bare names serve the rules that go by name.
+        """
+        if self.personal is None:
+            return ()
+        if not isinstance(layout, ModelLayout):
+            layout = ModelLayout.of_names(layout)
+        return self.personal.select(method.values(), layout)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from strategies.contracts.common import MAX_BATCH, RELU_MODELS
+from strategies.contracts.common import MAX_BATCH
 from strategies.contracts.contract import Contract, MethodSettings, Tunable
 from strategies.contracts.keys import ConfigError, key
 
@@ -42,8 +42,8 @@ class PerFedAvgSettings(MethodSettings):
             raise ConfigError(f"run config key 'perfedavg-curvature-bound': {self.curvature_bound} is neither -1 "
                               "(by model) nor a bound >= 0")  # fmt: skip
 
-    def curvature_bound_on(self, model: str) -> float:
-        """The bound in force for ``model``: the key's value, or for -1 the default of this variant on this model.
+    def curvature_bound_on(self, smooth: bool) -> float:
+        """The bound in force on a ``smooth`` model or not (its card): the key's value, or this variant's default.
 
         On a ReLU model SO's correction can dwarf the gradient of the conv layers and stall
         training (B6: 3 of 3 seeds train with 0.3; the proxy in its part (c) stalls without);
@@ -51,7 +51,7 @@ class PerFedAvgSettings(MethodSettings):
         """
         if self.curvature_bound >= 0:
             return self.curvature_bound
-        return RELU_SO_BOUND if self.variant == "so" and model in RELU_MODELS else 0.0
+        return RELU_SO_BOUND if self.variant == "so" and not smooth else 0.0
 
     def batch_sizes(self, batch_size: int) -> dict[str, int]:
         """The sizes of D, D' and D'' by key."""

@@ -1,0 +1,15 @@
+"""The networks stamen trains, found by name through one registry (``registry.py``), one file per family."""
+
+from clients.models.registry import (
+    MODELS,
+    Model,
+    build_model,
+    layout_of,
+    model_cards,
+    parameter_count,
+    register_model,
+)
+from clients.models.split import SequentialSplit, SplitModel, has_representation, head_names
+
+__all__ = ["MODELS", "Model", "SequentialSplit", "SplitModel", "build_model", "has_representation", "head_names",
+           "layout_of", "model_cards", "parameter_count", "register_model"]
