@@ -10,6 +10,7 @@ from clients.diffusion import DiffusionClient
 from clients.ditto import DittoClient
 from clients.fathom import FathomClient
 from clients.fedavg import FedAvgClient
+from clients.fedbn import FedBNClient
 from clients.fedper import FedPerClient
 from clients.fedprox import FedProxClient
 from clients.fedrep import FedRepClient
@@ -23,6 +24,7 @@ from strategies.diffusion import Diffusion
 from strategies.ditto import Ditto
 from strategies.fathom import Fathom
 from strategies.fedavg import FedAvg
+from strategies.fedbn import FedBN
 from strategies.fedper import FedPer
 from strategies.fedprox import FedProx
 from strategies.fedrep import FedRep
@@ -70,5 +72,6 @@ METHODS = by_name(
     Method(FedPer, FedPerClient),
     Method(PFedMe, PFedMeClient),
     Method(Apfl, ApflClient),
+    Method(FedBN, FedBNClient),
 )
 CONTRACTS = {name: method.contract for name, method in METHODS.items()}
