@@ -14,6 +14,7 @@ from clients.fedbn import FedBNClient
 from clients.fedper import FedPerClient
 from clients.fedprox import FedProxClient
 from clients.fedrep import FedRepClient
+from clients.moon import MoonClient
 from clients.perfedavg import PerFedAvgClient
 from clients.pfedme import PFedMeClient
 from clients.scaffold import ScaffoldClient
@@ -28,6 +29,7 @@ from strategies.fedbn import FedBN
 from strategies.fedper import FedPer
 from strategies.fedprox import FedProx
 from strategies.fedrep import FedRep
+from strategies.moon import Moon
 from strategies.perfedavg import PerFedAvg
 from strategies.pfedme import PFedMe
 from strategies.scaffold import Scaffold
@@ -73,5 +75,6 @@ METHODS = by_name(
     Method(PFedMe, PFedMeClient),
     Method(Apfl, ApflClient),
     Method(FedBN, FedBNClient),
+    Method(Moon, MoonClient),
 )
 CONTRACTS = {name: method.contract for name, method in METHODS.items()}
