@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from selection import selected_runs
 
 from app.config import ConfigError, parse_settings
 from app.deploy import CONNECTION, LocalDeployment, live_processes
@@ -49,9 +50,10 @@ TRAINING_KEYS = {spec.name for spec in TrainingSettings.key_specs()}
 
 
 def own_settings(strategy: str) -> dict:
-    """The method's example without its data and model (the deployment runs on the embedded data)."""
+    """The method's example without its data (the deployment runs on the embedded data); its model if it fits them."""
     example = METHODS[strategy].contract.example
-    return {k: v for k, v in example.items() if k in TRAINING_KEYS - {"model"} or k.startswith(f"{strategy}-")}
+    keep = TRAINING_KEYS if example.get("dataset", "mnist-5k") == "mnist-5k" else TRAINING_KEYS - {"model"}
+    return {k: v for k, v in example.items() if k in keep or k.startswith(f"{strategy}-")}
 
 
 def two_round_config(strategy: str, results: Path) -> dict:
@@ -76,14 +78,14 @@ def accepts(config: dict, change: dict) -> bool:
     return True
 
 
-def secure_scenario(workdir: Path) -> dict:
+def secure_scenario(workdir: Path, strategies: tuple[str, ...]) -> dict:
     results = workdir / "results"
     with LocalDeployment(app_dir=REPO, num_nodes=2, tls=True, node_auth=True, warm=True,
                          workdir=workdir / "deployment") as deployment:  # fmt: skip
         intruder = deployment.start_node(1, register=False, name="intruder")
         # every method's run submitted at once: a run spends most of its time waiting on the 3 s polls, which the
         # others fill (one after another, each method added about 50 s)
-        run_ids = {s: deployment.submit(two_round_config(s, results)) for s in STRATEGIES}
+        run_ids = {s: deployment.submit(two_round_config(s, results)) for s in strategies}
         statuses = deployment.wait_all(list(run_ids.values()), timeout_s=RUN_TIMEOUT_S * 2, poll_s=5)
         nodes = deployment.flwr(["supernode", "ls", CONNECTION])["nodes"]
         intruder_exit = intruder.process.wait(timeout=60)
@@ -122,11 +124,13 @@ def lossy_scenario(workdir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def scenarios(tmp_path_factory) -> dict[str, Future]:
+def scenarios(tmp_path_factory, request) -> dict[str, Future]:
     pool = ThreadPoolExecutor(max_workers=2)
+    # the methods whose TLS test is selected (``-k fedbn``: FedBN's alone); the other secure-scenario tests need one
+    strategies = tuple(s for s in STRATEGIES if s in selected_runs(request, "strategy", {})) or ("fedavg",)
     futures = {
-        name: pool.submit(function, tmp_path_factory.mktemp(name))
-        for name, function in (("lossy", lossy_scenario), ("secure", secure_scenario))
+        "lossy": pool.submit(lossy_scenario, tmp_path_factory.mktemp("lossy")),
+        "secure": pool.submit(secure_scenario, tmp_path_factory.mktemp("secure"), strategies),
     }
     yield futures
     pool.shutdown(wait=True)  # each scenario stops its own processes, also when it failed

@@ -174,7 +174,7 @@ def test_a_model_registered_at_run_time_is_checked_and_built_like_the_others():
 def test_a_throwaway_model_file_runs_a_two_round_simulation(tmp_path):
     # tests/model_app: stamen's apps, and one file that defines a model and registers it (tiny/model.py)
     with LocalSimulation(app_dir=REPO / "tests" / "model_app", pythonpath=[REPO, REPO / "tests" / "model_app"]) as sim:
-        outcome = sim.run(run_config={"results-dir": str(tmp_path), "run-name": "tiny"}, num_supernodes=3,
+        outcome = sim.run(run_config={"results-dir": str(tmp_path), "run-name": "tiny"}, num_supernodes=4,
                           timeout_s=300)  # fmt: skip
     assert outcome.ok, outcome.log_tail
     summary = json.loads((tmp_path / "tiny" / "summary.json").read_text())

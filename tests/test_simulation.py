@@ -15,6 +15,7 @@ from importlib import metadata
 
 import pytest
 from conftest import REPO
+from selection import selected_runs
 from test_provenance import PACKAGES
 
 from app.launcher import LocalSimulation
@@ -24,6 +25,13 @@ from strategies.contracts.code import code_fingerprint
 pytestmark = pytest.mark.e2e
 ROUNDS, CLIENTS = 2, 4
 AHEAD = 3  # runs submitted ahead on the one SuperLink (LocalSimulation.run_many)
+# the runs each test reads besides the methods' own (``-k fedbn`` makes FedBN's run alone)
+RUNS_READ = {"test_the_results_say_which_code_data_and_versions_made_them": ["perfedavg"],
+             "test_perfedavg_records_its_work_and_personalised_accuracy": ["perfedavg"],
+             "test_fedavg_baseline_reports_the_same_metrics": ["fedavg", "perfedavg"],
+             "test_a_client_that_cannot_load_its_data_stops_the_run_before_training": ["too-big"],
+             "test_under_strict_batches_larger_than_a_clients_data_stop_the_run_before_training": ["big-batch"],
+             "test_fathom_clients_receive_the_hyperparameters_the_strategy_moves_each_round": ["fathom-3"]}  # fmt: skip
 
 
 def records(run_dir):
@@ -31,7 +39,7 @@ def records(run_dir):
 
 
 @pytest.fixture(scope="module")
-def finished_runs(tmp_path_factory):
+def finished_runs(tmp_path_factory, request):
     results = tmp_path_factory.mktemp("results")
     config = {"num-server-rounds": ROUNDS, "eval-every": 1, "fraction-fit": 0.5, "results-dir": str(results)}
     configs = {name: {**config, **method.contract.example, "run-name": name} for name, method in METHODS.items()}
@@ -42,6 +50,8 @@ def finished_runs(tmp_path_factory):
     configs["fathom-3"] = {**config, **METHODS["fathom"].contract.example, "num-server-rounds": 3,
                            "fraction-fit": 1.0, "run-name": "fathom-3"}  # fmt: skip
     failing = {"too-big", "big-batch"}
+    wanted = selected_runs(request, "name", RUNS_READ)
+    configs = {name: config for name, config in configs.items() if name in wanted}
     with LocalSimulation(app_dir=REPO, workdir=REPO) as sim:  # a SuperLink started in the checkout, as by `flwr run .`
         outcomes = sim.run_many(configs, num_supernodes=CLIENTS, ahead=AHEAD, timeout_s=300)
         marker = str(sim.home)

@@ -1,6 +1,19 @@
-"""stamen's ClientApp, with the throwaway model registered first."""
+"""A ClientApp of this app's own around stamen's ``client_fn``, with the throwaway model registered first.
+
+The ClientApp is built here, not re-exported: Flower hands it to each simulation worker by
+reference to the module that defines its ``client_fn``, so that worker imports this module,
+and so ``tiny.model``, before it builds a client.
+"""
+
+from flwr.client import Client, ClientApp
+from flwr.common import Context
 
 import tiny.model  # noqa: F401  (registers tiny-net)
-from app.client_app import app
+from app.client_app import client_fn as stamen_client_fn
 
-__all__ = ["app"]
+
+def client_fn(context: Context) -> Client:
+    return stamen_client_fn(context)
+
+
+app = ClientApp(client_fn=client_fn)
