@@ -12,6 +12,7 @@ hook                    what it decides                                         
 ``evaluate_config``     what every evaluate config holds                        ``adapt-*``, ``adapt-lr`` = lr
 ``sample_fit``          which partitions train this round                       seeded, ``fraction-fit``
 ``sample_evaluate``     which partitions evaluate                               seeded, ``fraction-evaluate``
+``begin_round``         set-up once a round's partitions are chosen             nothing
 ``parameters_for``      the model a partition is sent, for fit or evaluate      the global model's shared arrays
 ``payload_for``         the array sets sent beside it (the contract's sends)    none
 ``payload_shapes``      the shapes a returned array set must have               the shared arrays' shapes
@@ -237,6 +238,14 @@ class FederatedStrategy(Strategy):
         """
         return self.global_shared
 
+    def begin_round(self, server_round: int, partitions: list[int], purpose: str) -> None:
+        """Called once ``purpose``'s (``fit``, ``evaluate``) ``partitions`` are chosen, before any message is built.
+
+        A method whose :meth:`parameters_for` differs per client computes the round's
+        payloads here (FedAMP's cloud models ``u_i``); they must stay as they are until the
+        round's replies are combined (the update norms are measured from them).
+        """
+
     def payload_for(self, partition: int, purpose: str) -> dict[str, list[np.ndarray]]:
         """The array sets sent to ``partition`` beside the model: those the contract ``sends`` for ``purpose``."""
         return {}
@@ -325,6 +334,7 @@ class FederatedStrategy(Strategy):
         self.connected_partitions = sorted(nodes)
         chosen = self.sample_fit(server_round, self.connected_partitions)
         self.record.update({"clients-sampled": len(chosen), "fit-partitions": chosen})
+        self.begin_round(server_round, chosen, "fit")
         # each node is told its partition (a device with its own data learns its number so) and the layout
         configs = self.tuner.configs(server_round, chosen, config) if self.tuner is not None else {}
         instructions = [(nodes[p], FitIns(*self._message(p, "fit", configs.get(p, config)))) for p in chosen]
@@ -404,6 +414,7 @@ class FederatedStrategy(Strategy):
         self.evaluate_started = time.perf_counter()
         nodes = self.nodes.connected(client_manager)
         chosen = self.sample_evaluate(server_round, sorted(nodes))
+        self.begin_round(server_round, chosen, "evaluate")
         config = {**self.evaluate_config(), "server-round": server_round}
         self.record["eval-adapt-lr"] = config.get("adapt-lr")  # the test-time step in force, which a tuner may move
         instructions = [(nodes[p], EvaluateIns(*self._message(p, "evaluate", config))) for p in chosen]

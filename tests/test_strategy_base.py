@@ -375,3 +375,27 @@ def test_the_global_model_is_summarised_only_where_the_replies_test_one():
     assert metrics["accuracy"] == pytest.approx(0.9) and "global-accuracy" not in metrics
     strategy.record.update({"round-seconds": 0.1})
     assert "global acc" not in progress_line(strategy.record, 3)
+
+
+def test_begin_round_sees_the_chosen_partitions_before_any_message_is_built():
+    calls = []
+
+    class PerClient(FedAvg):
+        def begin_round(self, server_round, partitions, purpose):
+            calls.append((server_round, list(partitions), purpose))
+            self.payloads = {p: arrays(float(p)) for p in partitions}
+
+        def parameters_for(self, partition, purpose):
+            return self.payloads[partition]  # KeyError unless begin_round ran first
+
+    strategy, manager, proxies, _ = make_strategy(clients=3, eval_every=1)
+    strategy.__class__ = PerClient
+    instructions = strategy.configure_fit(1, strategy.global_parameters, manager)
+    assert calls == [(1, [0, 1, 2], "fit")]
+    for proxy, ins in instructions:
+        np.testing.assert_array_equal(parameters_to_ndarrays(ins.parameters)[0], float(proxy.partition))
+    # the update norms are measured from what each partition was sent
+    strategy.aggregate_fit(1, [(p, fit_res(arrays(float(p.partition) + 1.0), 10)) for p in proxies], [])
+    assert strategy.record["update-norm-max"] == pytest.approx(np.sqrt(9))
+    strategy.configure_evaluate(1, strategy.global_parameters, manager)
+    assert calls[-1] == (1, [0, 1, 2], "evaluate")
