@@ -9,6 +9,7 @@ from clients.base import TorchClient
 from clients.diffusion import DiffusionClient
 from clients.ditto import DittoClient
 from clients.fathom import FathomClient
+from clients.fedamp import FedAmpClient
 from clients.fedavg import FedAvgClient
 from clients.fedbn import FedBNClient
 from clients.fedper import FedPerClient
@@ -24,6 +25,7 @@ from strategies.contracts.contract import Contract
 from strategies.diffusion import Diffusion
 from strategies.ditto import Ditto
 from strategies.fathom import Fathom
+from strategies.fedamp import FedAmp
 from strategies.fedavg import FedAvg
 from strategies.fedbn import FedBN
 from strategies.fedper import FedPer
@@ -76,5 +78,6 @@ METHODS = by_name(
     Method(Apfl, ApflClient),
     Method(FedBN, FedBNClient),
     Method(Moon, MoonClient),
+    Method(FedAmp, FedAmpClient),
 )
 CONTRACTS = {name: method.contract for name, method in METHODS.items()}
