@@ -28,6 +28,7 @@ from strategies.contracts.common import (
 from strategies.contracts.contract import Contract
 from strategies.contracts.keys import ConfigError, KeyedSettings, KeySpec
 from strategies.contracts.models import ModelCard, ModelLayout
+from strategies.contracts.personal import WholeModel
 
 __all__ = ["ConfigError", "Settings", "check_model", "check_on_server", "ignored_keys", "key_specs", "parse_settings"]
 
@@ -127,7 +128,21 @@ def parse_settings(
 
 
 def check_central_evaluation(settings: Settings, contract: Contract) -> None:
-    """Refuse ``central-eval`` for a method that keeps part of the model on its clients: there is no whole model."""
+    """Refuse ``central-eval`` for a method that keeps part of the model on its clients: there is no whole model.
+
+    A method whose model never travels (``WholeModel``) also refuses the keys that need a
+    server-side model: ``max-update-ratio`` (no update to measure), ``checkpoint-every`` and
+    ``resume-from`` (a checkpoint could not hold the clients' models).
+    """
+    if isinstance(contract.personal, WholeModel):
+        run, execution = settings.run, settings.execution
+        for name, value, used in (("max-update-ratio", run.max_update_ratio, run.max_update_ratio > 0),
+                                  ("checkpoint-every", execution.checkpoint_every, execution.checkpoint_every > 0),
+                                  ("resume-from", execution.resume_from, bool(execution.resume_from))):  # fmt: skip
+            if used:
+                raise ConfigError(f"run config key {name!r}: {value!r} needs a model on the server; {contract.name}'s "
+                                  "model never travels (each client keeps its own whole model in Context.state), "
+                                  "so leave it at its default")  # fmt: skip
     if contract.personal is not None and settings.run.central_eval:
         kept = contract.personal.describe(settings.method.values())
         raise ConfigError(

@@ -143,6 +143,7 @@ class FederatedStrategy(Strategy):
         self.shared = self._shared_indices(self.layout)  # the model's arrays that travel, by index
         self.sent_shapes = [self.shapes[i] for i in self.shared]
         self.global_shared = self._shared_part(self.global_model)
+        self.model_travels = bool(self.shared)  # False under WholeModel: only the contract's array sets travel
         self.connected_partitions: list[int] = []  # the partitions connected when this round's fit was configured
         self._encoded: dict[int, tuple[list[np.ndarray], list[bytes]]] = {}  # while one round's messages are built
         self.fit_specs = {m.name: m for m in (*FIT_METRICS, *self.contract.metrics)}
@@ -499,8 +500,9 @@ class FederatedStrategy(Strategy):
         """Record the round's update norms; drop replies beyond ``max-update-ratio`` times their median.
 
         Returns the replies kept and how many were dropped (``clients-outsized`` in the record).
+        A method whose model never travels has no update: nothing is measured or recorded.
         """
-        if not replies:
+        if not replies or not self.model_travels:
             return replies, 0
         norms = [update_norm(reply.arrays, self.sent_to(reply.partition)) for reply in replies]
         ratio, median = self.settings.run.max_update_ratio, float(np.median(norms))

@@ -172,3 +172,17 @@ def test_training_a_named_subset_moves_it_alone_by_the_gradient_of_the_loss():
     torch.testing.assert_close(model.layers[1].bias.detach(), bias, rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"trainable names \['head'\]"):
         train_steps(model, [(x, y)], 0.3, trainable=["head"])
+
+
+def test_a_contract_whose_model_never_travels_refuses_what_needs_a_server_model():
+    from strategies.contracts.personal import WholeModel
+
+    nomodel = Contract(name="toyp", summary="keeps the whole model", settings=ToyPersonalSettings,
+                       uses=("lr", "local-steps", "batch-size"), personal=WholeModel())  # fmt: skip
+    contracts = {**CONTRACTS, "toyp": nomodel}
+    assert nomodel.personal_arrays(ToyPersonalSettings(), MLP_NAMES) == tuple(MLP_NAMES)
+    parse_settings({"strategy": "toyp"}, contracts)
+    for key_, value in (("max-update-ratio", 3.0), ("checkpoint-every", 5), ("resume-from", "/x"),
+                        ("central-eval", True)):  # fmt: skip
+        with pytest.raises(ConfigError, match=f"'{key_}'"):
+            parse_settings({"strategy": "toyp", key_: value}, contracts)

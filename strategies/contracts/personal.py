@@ -113,3 +113,21 @@ class NormLayers(PersonalArrays):
 
     def describe(self, values: Mapping[str, object]) -> str:
         return f"the model's {self.kind} layers (weights, biases and running statistics)"
+
+
+@dataclass(frozen=True)
+class WholeModel(PersonalArrays):
+    """Every array is personal: **no model travels** (FedProto: only class prototypes do).
+
+    Each client keeps its whole model in its ``Context.state``; the messages carry only the
+    array sets the contract declares. The base strategy then has no update to screen or
+    average, and the run config refuses what needs a server-side model: ``central-eval``,
+    ``max-update-ratio``, ``checkpoint-every`` and ``resume-from`` (a checkpoint could not
+    hold the clients' models).
+    """
+
+    def select(self, values: Mapping[str, object], layout: ModelLayout) -> tuple[str, ...]:
+        return tuple(layout.names)
+
+    def describe(self, values: Mapping[str, object]) -> str:
+        return "the whole model (no model travels)"
