@@ -191,6 +191,8 @@ class FederatedStrategy(Strategy):
 
     def _use_shared(self, shared: list[np.ndarray]) -> None:
         """Make ``shared`` the global model's shared arrays; its personal ones keep their values."""
+        if not self.shared:  # no model travels: there is nothing to change
+            return
         if len(self.shared) == len(self.global_model):
             self._use_model(shared)
             return
