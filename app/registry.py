@@ -13,6 +13,7 @@ from clients.fedamp import FedAmpClient
 from clients.fedavg import FedAvgClient
 from clients.fedbn import FedBNClient
 from clients.fedper import FedPerClient
+from clients.fedproto import FedProtoClient
 from clients.fedprox import FedProxClient
 from clients.fedrep import FedRepClient
 from clients.moon import MoonClient
@@ -29,6 +30,7 @@ from strategies.fedamp import FedAmp
 from strategies.fedavg import FedAvg
 from strategies.fedbn import FedBN
 from strategies.fedper import FedPer
+from strategies.fedproto import FedProto
 from strategies.fedprox import FedProx
 from strategies.fedrep import FedRep
 from strategies.moon import Moon
@@ -79,5 +81,6 @@ METHODS = by_name(
     Method(FedBN, FedBNClient),
     Method(Moon, MoonClient),
     Method(FedAmp, FedAmpClient),
+    Method(FedProto, FedProtoClient),
 )
 CONTRACTS = {name: method.contract for name, method in METHODS.items()}
