@@ -1,0 +1,82 @@
+"""The global model as the server holds it: every array, the shared ones that travel, and the update-norm screen.
+
+:class:`GlobalModelPart` keeps the global model decoded and encoded once, knows which of
+its arrays travel (all of them, the shared ones of a method with personal arrays, or none
+when no model travels) and measures each accepted reply's update against what its
+partition was sent (``max-update-ratio``). A method whose model never travels has no
+update: the screen then measures and records nothing.
+"""
+
+from __future__ import annotations
+
+from logging import WARNING
+
+import numpy as np
+from flwr.common import ndarrays_to_parameters
+from flwr.common.logger import log
+
+from strategies.contracts.models import ModelLayout
+from strategies.screening import Reply, outsized, update_norm
+
+
+class GlobalModelPart:
+    """A part of :class:`strategies.base.FederatedStrategy` (see the module's docstring)."""
+
+    def _shared_indices(self, layout: ModelLayout) -> list[int]:
+        everything = list(range(len(self.global_model)))
+        if layout.names and len(layout.names) != len(self.global_model):
+            raise TypeError(f"{type(self).__name__}: the layout names {len(layout.names)} arrays, the model has "
+                            f"{len(self.global_model)}")  # fmt: skip
+        if self.contract.personal is None:
+            return everything
+        if not layout.names:
+            raise TypeError(f"{type(self).__name__} keeps {self.contract.personal.describe(self.method.values())} on "
+                            "the clients and needs the model's layout to find them (layout = "
+                            "clients.models.layout_of(model))")  # fmt: skip
+        personal = set(self.contract.personal_arrays(self.method, layout))
+        return [i for i in everything if layout.names[i] not in personal]
+
+    def _shared_part(self, model: list[np.ndarray]) -> list[np.ndarray]:
+        return model if len(self.shared) == len(model) else [model[i] for i in self.shared]
+
+    def _use_model(self, model: list[np.ndarray]) -> None:
+        """Make ``model`` (every array, personal ones included) the global model."""
+        self.global_model = model
+        self.global_shared = self._shared_part(model)
+        self.global_parameters = ndarrays_to_parameters(model)
+
+    def _use_shared(self, shared: list[np.ndarray]) -> None:
+        """Make ``shared`` the global model's shared arrays; its personal ones keep their values."""
+        if not self.shared:  # no model travels: there is nothing to change
+            return
+        if len(self.shared) == len(self.global_model):
+            self._use_model(shared)
+            return
+        model = list(self.global_model)
+        for index, array in zip(self.shared, shared, strict=True):
+            model[index] = array
+        self._use_model(model)
+
+    def sent_to(self, partition: int) -> list[np.ndarray]:
+        """The model arrays ``partition`` was sent this round (a reply's update is measured from them)."""
+        return self.parameters_for(partition, "fit")
+
+    def screen_update_norms(self, server_round: int, replies: list[Reply]) -> tuple[list[Reply], int]:
+        """Record the round's update norms; drop replies beyond ``max-update-ratio`` times their median.
+
+        Returns the replies kept and how many were dropped (``clients-outsized`` in the record).
+        A method whose model never travels has no update: nothing is measured or recorded.
+        """
+        if not replies or not self.model_travels:
+            return replies, 0
+        norms = [update_norm(reply.arrays, self.sent_to(reply.partition)) for reply in replies]
+        ratio, median = self.settings.run.max_update_ratio, float(np.median(norms))
+        self.record.update({"update-norm-median": median, "update-norm-max": max(norms)})
+        flags = outsized(norms, ratio)
+        for reply, norm, flag in zip(replies, norms, flags, strict=True):
+            if flag:
+                log(WARNING, "round %s: rejected fit reply from %s: update norm %.4g is %.1f times the round's median "
+                    "%.4g (max-update-ratio %g)", server_round, self.nodes.label(reply.node), norm, norm / median,
+                    median, ratio)  # fmt: skip
+        self.record["clients-outsized"] = sum(flags)
+        return [reply for reply, flag in zip(replies, flags, strict=True) if not flag], sum(flags)

@@ -1,0 +1,69 @@
+"""The screen every fit reply passes before it may touch the global model, and how failures are recorded.
+
+:class:`ReplyScreen` unpacks each reply by the layout it names, checks the model's
+arrays (count, shapes, finiteness), the declared metrics and every array set the contract
+``returns``, and hands the accepted ones on in partition order. The checks themselves
+are pure functions in ``screening.py``.
+"""
+
+from __future__ import annotations
+
+from logging import WARNING
+
+from flwr.common import EvaluateRes, FitRes, parameters_to_ndarrays
+from flwr.common.logger import log
+from flwr.server.client_proxy import ClientProxy
+
+from strategies.contracts.payload import LAYOUT, MODEL, unpack
+from strategies.screening import Reply, extras_problem, fit_reply_problem, is_non_finite
+
+Failures = list[tuple[ClientProxy, FitRes] | tuple[ClientProxy, EvaluateRes] | BaseException]
+
+
+class ReplyScreen:
+    """A part of :class:`strategies.base.FederatedStrategy` (see the module's docstring)."""
+
+    def screen_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]) -> tuple[list[Reply], int]:
+        """The replies that may be combined (decoded, in partition order) and how many were rejected.
+
+        Each reply is unpacked by the layout it names; its model arrays are screened by
+        the shapes sent, finiteness and the declared metrics, and every array set the
+        contract ``returns`` by its own shapes (``payload_shapes``) and finiteness. The
+        record counts the rejections for non-finite values (``clients-nonfinite``).
+        """
+        replies, rejected, non_finite = [], 0, 0
+        returned = {name: self.payload_shapes(name) for name in self.contract.returned_sets()}
+        for proxy, res in results:
+            try:
+                sets = unpack(parameters_to_ndarrays(res.parameters), res.metrics.get(LAYOUT))
+                arrays = sets.pop(MODEL, [])
+                metrics = {k: v for k, v in res.metrics.items() if k != LAYOUT}
+                problem = (fit_reply_problem(arrays, res.num_examples, metrics, self.sent_shapes, self.fit_specs)
+                           or extras_problem(sets, returned, self.name))  # fmt: skip
+            except Exception as err:  # undecodable payloads are malformed replies too
+                problem = f"unreadable reply ({err})"
+            if problem is None:
+                partition = self.nodes.partition_of(proxy.cid)
+                replies.append(Reply(proxy.cid, partition, arrays, res.num_examples, metrics, extras=sets))
+            else:
+                log(WARNING, "round %s: rejected fit reply from %s: %s", server_round, self.nodes.label(proxy.cid),
+                    problem)  # fmt: skip
+                rejected += 1
+                non_finite += is_non_finite(problem)
+        self.record["clients-nonfinite"] = non_finite
+        replies, too_large = self.screen_update_norms(server_round, replies)
+        return sorted(replies, key=lambda reply: reply.partition), rejected + too_large
+
+    def _record_failures(self, kind: str, server_round: int, failures: Failures) -> None:
+        for failure in failures:
+            log(WARNING, "round %s: %s failed: %s", server_round, kind, describe_failure(failure))
+        if failures:
+            self.record[f"{kind}-failures"] = [describe_failure(f)[:500] for f in failures]
+
+
+def describe_failure(failure: object) -> str:
+    """A failed reply or exception as one log-friendly line."""
+    if isinstance(failure, BaseException):
+        return f"{type(failure).__name__}: {failure}"
+    proxy, res = failure  # a reply that arrived with an error status
+    return f"node {proxy.cid}: {getattr(res, 'status', res)}"

@@ -1,0 +1,118 @@
+"""The run's watch and records: a record per round, the divergence watch, the summary, a failed run's end.
+
+:class:`RunWatch` writes each round's record through the recorder and logs its progress
+line, stops a run whose replies stay non-finite (keeping the last good model and naming
+the step sizes in force), and builds ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import time
+from logging import ERROR, INFO
+
+import numpy as np
+from flwr.common.logger import log
+
+from strategies.records import progress_line, run_summary, summary_line
+
+
+class RunDivergedError(Exception):
+    """The strategy ended the run early (it diverged); the message says why. Not a failure of the run."""
+
+
+class RunWatch:
+    """A part of :class:`strategies.base.FederatedStrategy` (see the module's docstring)."""
+
+    def end_round(self, server_round: int) -> None:
+        """Write the round's record, log a progress line, checkpoint when due, and finish after the last round."""
+        record = dict(self.record) or {"round": server_round, "strategy": self.name}
+        start = record.pop("_start", time.perf_counter())
+        record["round-seconds"] = time.perf_counter() - start
+        record["elapsed-seconds"] = time.perf_counter() - self.started
+        self.history.append(record)
+        self.record = {}
+        self.recorder.record_round(record)
+        log(INFO, progress_line(record, self.num_rounds))
+        self.watch_divergence(server_round, record)
+        every = self.settings.execution.checkpoint_every
+        if every and (server_round % every == 0 or server_round == self.num_rounds):
+            self.recorder.save_checkpoint(self.checkpoint(server_round))
+        if server_round == self.num_rounds:
+            self.finish()
+            summary = self.summary("completed")
+            self.recorder.finish(summary)
+            log(INFO, "final: %s", summary_line(summary))
+
+    def watch_divergence(self, server_round: int, record: dict) -> None:
+        """Count consecutive non-finite rounds; after ``stop-after-nonfinite`` of them, stop the run.
+
+        A round is non-finite when no fit reply was accepted and some were rejected for
+        non-finite values, or when it evaluated and no loss was finite (the clients' or
+        the server's). Otherwise the model it sent is known good. Stopping puts back the
+        last good model, writes it as the checkpoint, and ends the run with
+        ``status: stopped`` and the reason, naming the step sizes in force.
+
+        Raises
+        ------
+        RunDivergedError
+            When the run stops.
+
+        """
+        fit_bad = record.get("clients-succeeded", 0) == 0 and record.get("clients-nonfinite", 0) > 0
+        evaluated = record.get("eval-clients", 0) + record.get("eval-clients-nonfinite", 0) > 0
+        eval_bad = evaluated and record.get("eval-clients", 0) == 0
+        central = record.get("central-loss")
+        central_bad = isinstance(central, float) and not np.isfinite(central)
+        if not (fit_bad or eval_bad or central_bad):
+            self.nonfinite_rounds = 0
+            self.last_good = (server_round - 1, self.sent_model)
+            return
+        self.nonfinite_rounds += 1
+        patience = self.settings.run.stop_after_nonfinite
+        if not patience or self.nonfinite_rounds < patience:
+            return
+        first = server_round - self.nonfinite_rounds + 1
+        what = "every fit reply was non-finite" if fit_bad else "no evaluation loss was finite"
+        steps = {k: self.in_force(k, v) for k, v in self.step_values().items()}
+        shown = ", ".join(f"{k} = {v:g}" for k, v in steps.items()) or "the method's step sizes"
+        good_round, good_model = self.last_good
+        reason = (f"diverged: in rounds {first}-{server_round} {what}; the step sizes in force were {shown}; "
+                  f"{self.divergence_hint()}; kept the model after round {good_round}, the last whose replies were "
+                  "finite")  # fmt: skip
+        self._use_model(good_model)
+        self.recorder.save_checkpoint(self.checkpoint(good_round))
+        self.finish()
+        self.recorder.finish(self.summary("stopped", reason=reason, **{"last-good-round": good_round}))
+        log(ERROR, "stamen: %s", reason)
+        raise RunDivergedError(reason)
+
+    def divergence_hint(self) -> str:
+        """The likeliest cause of a diverged run, for its reason (base: the step sizes in force)."""
+        return "most likely the cause: lower them"
+
+    def step_values(self) -> dict[str, float]:
+        """The run's value of each of the method's step-size keys (before a tuner moves them)."""
+        values = self.settings.as_run_config()
+        return {k: float(values[k]) for k in self.contract.step_keys() if k in values}
+
+    def fail(self, reason: str) -> None:
+        """End the run as failed: the records so far stay, and the summary says why (``status`` ``failed``)."""
+        self.recorder.fail(self.summary("failed", reason=reason))
+        log(ERROR, "stamen: the run failed after %d completed round(s): %s", len(self.history), reason)
+
+    def summary(self, status: str, **extra: object) -> dict[str, object]:
+        """``summary.json``: the run's final and best metrics, how it ended, and each node's data.
+
+        ``status`` is ``completed``, ``stopped`` or ``failed``; ``extra`` adds the reason and the like.
+        The nodes left out of the run are listed with why (node id -> reason).
+        """
+        out: dict[str, object] = {**run_summary(self.history, self.name), "status": status, **extra,
+                                  "nodes": self.nodes.data_report(self.class_names())}  # fmt: skip
+        if self.nodes.excluded:
+            out["nodes-left-out"] = dict(self.nodes.excluded)
+        if ray_nodes := self.nodes.ray_nodes():
+            out["ray-nodes"] = ray_nodes
+        if self.nodes.sampled:
+            out["nodes-asked"] = len(self.nodes.sampled)  # "nodes" then holds only their data
+        out["timing"] = dict(self.timing)
+        return out
