@@ -63,7 +63,7 @@ from strategies.contracts.contract import Contract, MethodSettings
 from strategies.contracts.fathom import PHI
 from strategies.contracts.fedavg import CONTRACT as FEDAVG
 from strategies.contracts.keys import ConfigError
-from strategies.contracts.payload import LAYOUT, MODEL, PayloadError, pack, unpack
+from strategies.contracts.payload import LAYOUT, MODEL, PayloadError, pack, sets_problem, unpack
 
 PERSONAL_LAYERS = "personal-layers"  # the name under which a client keeps its personal arrays in Context.state
 
@@ -340,10 +340,9 @@ class TorchClient(NumPyClient):
         except PayloadError as err:
             raise ValueError(f"{self.contract.name} client: {err}") from err
         model = sets.pop(MODEL, [])
-        if tuple(sets) != self.contract.sent_sets(purpose):
-            raise ValueError(f"{self.contract.name} client: a {purpose} message carried array sets {list(sets)}, its "
-                             f"contract sends {list(self.contract.sent_sets(purpose))} (is the server's code another "
-                             "version of stamen?)")  # fmt: skip
+        if problem := sets_problem(list(sets), self.contract.sends, purpose):
+            raise ValueError(f"{self.contract.name} client: {problem} (is the server's code another version of "
+                             "stamen?)")  # fmt: skip
         if len(model) != len(self.shared_names):
             raise ValueError(f"expected {len(self.shared_names)} arrays, received {len(model)}")
         state = OrderedDict((k, torch.as_tensor(np.asarray(v))) for k, v in zip(self.shared_names, model, strict=True))

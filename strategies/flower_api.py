@@ -20,7 +20,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from strategies.contracts.common import PARTITION_ID
-from strategies.contracts.payload import LAYOUT, MODEL, layout_of
+from strategies.contracts.payload import LAYOUT, MODEL, layout_of, sets_problem
 from strategies.nodes import PreflightError, data_lines
 from strategies.records import evaluation_summary, fit_summary
 from strategies.reply_screen import Failures
@@ -106,15 +106,15 @@ class FlowerApi:
         Raises
         ------
         RuntimeError
-            If ``payload_for`` builds other array sets than the contract declares for ``purpose``.
+            If ``payload_for`` builds other array sets than the contract declares for ``purpose``
+            (an optional one may be left out).
 
         """
         model = self.parameters_for(partition, purpose)
         extras = self.payload_for(partition, purpose)
-        declared = self.contract.sent_sets(purpose)
-        if tuple(extras) != declared:
-            raise RuntimeError(f"{type(self).__name__}.payload_for({partition}, {purpose!r}) built array sets "
-                               f"{list(extras)}; {self.name}'s contract sends {list(declared)}")  # fmt: skip
+        if problem := sets_problem(list(extras), self.contract.sends, purpose):
+            raise RuntimeError(f"{type(self).__name__}.payload_for({partition}, {purpose!r}): {problem} "
+                               f"({self.name}'s contract)")  # fmt: skip
         layout = layout_of({MODEL: model, **extras})
         if model is self.global_model and not extras:  # the common message: the global model, encoded once a round
             parameters = self.global_parameters

@@ -157,7 +157,7 @@ def test_the_client_refuses_sets_its_contract_does_not_declare_and_keeps_the_eva
     client = toy_client()
     client.evaluate(parameters_to_ndarrays(ins.parameters), ins.config)
     np.testing.assert_array_equal(client.received["probe"][0], np.arange(3))
-    with pytest.raises(ValueError, match="a fit message carried array sets \\['probe'\\], its contract sends"):
+    with pytest.raises(ValueError, match="a fit message carried array sets \\['probe'\\]; the contract sends"):
         client.fit(parameters_to_ndarrays(ins.parameters), ins.config)
 
 
@@ -201,7 +201,8 @@ def test_the_update_norm_screen_measures_the_model_alone():
 def test_a_strategy_or_client_that_builds_other_sets_than_declared_fails_loudly():
     strategy, manager, proxies = toy_strategy()
     strategy.payload_for = lambda partition, purpose: {}
-    with pytest.raises(RuntimeError, match=r"payload_for\(0, 'fit'\) built array sets \[\]; toy's contract sends"):
+    with pytest.raises(RuntimeError, match=r"payload_for\(0, 'fit'\): a fit message carried array sets \[\]; the "
+                                           r"contract sends \['anchor'\]"):  # fmt: skip
         strategy.configure_fit(1, strategy.global_parameters, manager)
     strategy, manager, proxies = toy_strategy()
     (_, ins), *_ = strategy.configure_fit(1, strategy.global_parameters, manager)
@@ -209,3 +210,36 @@ def test_a_strategy_or_client_that_builds_other_sets_than_declared_fails_loudly(
     client.local_train = lambda training, method, rng: TrainReport(0.1, 1, 1, 1)
     with pytest.raises(RuntimeError, match=r"returned array sets \[\]; toy's contract returns \['echo'\]"):
         client.fit(parameters_to_ndarrays(ins.parameters), ins.config)
+
+
+def test_an_optional_set_goes_with_the_messages_the_strategy_chooses_and_a_required_one_with_all():
+    hint = ArraySet("hint", "when the strategy has one", purposes=("fit", "evaluate"), optional=True)
+    optional = dataclasses.replace(TOY, sends=(ArraySet("anchor", "sent with every fit"), hint))
+
+    class Chooser(ToyStrategy):
+        contract = optional
+
+        def payload_for(self, partition, purpose):
+            hint = {"hint": [np.ones(2, np.float32)]} if partition % 2 else {}
+            anchor = super().payload_for(partition, "fit") if purpose == "fit" else {}
+            return {**anchor, **hint}
+
+    class ChooserClient(ToyClient):
+        contract = optional
+
+    strategy, manager, _ = toy_strategy()
+    strategy.__class__ = Chooser
+    fits = strategy.configure_fit(1, strategy.global_parameters, manager)
+    assert [ins.config["payload"] for _, ins in fits] == ["model:2 anchor:2", "model:2 anchor:2 hint:1",
+                                                          "model:2 anchor:2"]  # fmt: skip
+    client = ChooserClient(model=toy_model(), data=toy_client().data, settings=toy_settings(), partition_id=1)
+    client.fit(parameters_to_ndarrays(fits[1][1].parameters), fits[1][1].config)
+    assert list(client.received) == ["anchor", "hint"]
+    client.fit(parameters_to_ndarrays(fits[0][1].parameters), fits[0][1].config)
+    assert list(client.received) == ["anchor"]
+    evaluations = strategy.configure_evaluate(10, strategy.global_parameters, manager)
+    assert [ins.config["payload"] for _, ins in evaluations] == ["model:2", "model:2 hint:1", "model:2"]
+    strategy.payload_for = lambda partition, purpose: {"hint": [np.ones(2, np.float32)]}  # the anchor is required
+    with pytest.raises(RuntimeError, match=r"carried array sets \['hint'\]; the contract sends \['anchor'\] and may "
+                                           r"send \['hint'\]"):  # fmt: skip
+        strategy.configure_fit(2, strategy.global_parameters, manager)

@@ -206,7 +206,7 @@ class Contract:
         return tuple(spec.name for spec in self.settings.key_specs() if not spec.server_only)
 
     def sent_sets(self, purpose: str) -> tuple[str, ...]:
-        """The names of the array sets the server sends with ``purpose`` (``fit`` or ``evaluate``) instructions."""
+        """The names of the array sets the server may send with ``purpose`` (``fit`` or ``evaluate``) instructions."""
         return tuple(s.name for s in self.sends if purpose in s.purposes)
 
     def returned_sets(self) -> tuple[str, ...]:

@@ -43,6 +43,11 @@ class ArraySet:
     purposes
         For a set the server sends: which instructions carry it (``fit``, ``evaluate``).
         Ignored for a set the clients return (only fit replies carry arrays).
+    optional
+        For a set the server sends: the strategy chooses, message by message, whether it
+        goes (``payload_for`` may leave it out); the layout names what went, and the client
+        finds it in ``received`` or not. A required set goes with every instruction of its
+        purposes.
 
     The base strategy screens a returned set by the shapes of the model's arrays that
     travel (a strategy whose set is shaped otherwise overrides ``payload_shapes``) and
@@ -53,6 +58,7 @@ class ArraySet:
     name: str
     doc: str
     purposes: tuple[str, ...] = ("fit",)
+    optional: bool = False
 
     def __post_init__(self) -> None:
         if self.name == MODEL or not _NAME.fullmatch(self.name):
@@ -112,3 +118,19 @@ def unpack(arrays: Sequence[np.ndarray], layout: object) -> dict[str, list[np.nd
         sets[name] = list(arrays[start : start + count])
         start += count
     return sets
+
+
+def sets_problem(names: Sequence[str], declared: Sequence[ArraySet], purpose: str) -> str | None:
+    """Why a ``purpose`` message carrying the sets ``names`` breaks the declaration, or ``None``.
+
+    The sets must be among those declared for the purpose, in declaration order, with
+    every required one present.
+    """
+    allowed = [s for s in declared if purpose in s.purposes]
+    expected = [s.name for s in allowed if s.name in names or not s.optional]
+    if list(names) != expected:
+        required = [s.name for s in allowed if not s.optional]
+        optional = [s.name for s in allowed if s.optional]
+        return (f"a {purpose} message carried array sets {list(names)}; the contract sends {required}"
+                + (f" and may send {optional}" if optional else ""))
+    return None
