@@ -180,3 +180,26 @@ def test_a_throwaway_model_file_runs_a_two_round_simulation(tmp_path):
     summary = json.loads((tmp_path / "tiny" / "summary.json").read_text())
     assert summary["settings"]["model"] == "tiny-net" and summary["rounds"] == 2
     assert summary["final"]["accuracy"] > 0
+
+
+@pytest.mark.parametrize("name", [n for n in METHODS if n != "diffusion"])  # diffusion's example is least squares
+def test_every_method_runs_two_in_process_rounds_on_the_batchnorm_cnn(name):
+    # BatchNorm's buffers and int64 counters through every method's messages, maths and state (no NaN, no reject)
+    from bench.inprocess import InProcessRun
+
+    config = {**METHODS[name].contract.example, "model": "fedavg-cnn-bn", "fraction-fit": 1.0, "local-steps": 2,
+              "batch-size": 4, "adapt-batch-size": 4, "min-available-clients": 4, "perfedavg-outer-batch-size": 4,
+              "perfedavg-hessian-batch-size": 4, "eval-every": 1}  # fmt: skip
+    if name == "fathom":
+        config.update({"local-epochs": 0.1, "fathom-batch-min": 2.0})
+    run = InProcessRun(run_config=config, num_clients=4)
+    strategy = run.strategy
+    for server_round in (1, 2):
+        instructions = strategy.configure_fit(server_round, run.parameters, run.manager)
+        results = [(proxy, proxy.fit(ins, None, None)) for proxy, ins in instructions]
+        run.parameters, _ = strategy.aggregate_fit(server_round, results, [])
+        assert strategy.record["clients-succeeded"] == 4 and strategy.record["clients-rejected"] == 0
+        evaluations = strategy.configure_evaluate(server_round, run.parameters, run.manager)
+        strategy.aggregate_evaluate(server_round, [(p, p.evaluate(ins, None, None)) for p, ins in evaluations], [])
+        assert strategy.record["eval-clients"] == 4 and 0 <= strategy.record["accuracy"] <= 1
+    assert all(np.all(np.isfinite(a)) for a in strategy.global_model)
