@@ -72,7 +72,8 @@ def test_a_batch_term_sees_the_batch_the_output_and_the_representation_of_the_sa
     def term(params, batch, forward):
         bx, by = batch
         assert forward.features.shape == bx.shape and torch.equal(forward.features, bx)
-        extra_seen.append(float(forward.output.reshape(-1) @ forward.output.reshape(-1)))
+        out = forward.output.detach().reshape(-1)
+        extra_seen.append(float(out @ out))
         return 0.5 * lam * (forward.output**2).mean() + 3.0 * (forward.features * by[:, None]).sum()
 
     train_steps(model, [(x, y), (x, y)], lr, batch_term=term, on_step=seen.append,
