@@ -121,6 +121,7 @@ def layout_of(model: nn.Module) -> ModelLayout:
     state = model.state_dict()
     names = tuple(state)
     kinds = tuple(kind_of(owners[name.rpartition(".")[0]]) for name in names)
+    # torch names its dtypes as numpy does (torch.float32 -> float32); read them without copying a tensor to the host
     return ModelLayout(names=names, shapes=tuple(tuple(v.shape) for v in state.values()),
-                       dtypes=tuple(str(v.detach().cpu().numpy().dtype) for v in state.values()), kinds=kinds,
+                       dtypes=tuple(str(v.dtype).removeprefix("torch.") for v in state.values()), kinds=kinds,
                        head=head_names(model))  # fmt: skip

@@ -112,4 +112,4 @@ class ModelLayout:
 
     def non_float(self) -> tuple[str, ...]:
         """The names of the arrays that are not floating point (counters, masks): never averaged."""
-        return tuple(name for name, dtype in zip(self.names, self.dtypes, strict=True) if not dtype.startswith("float"))
+        return tuple(name for name, dtype in zip(self.names, self.dtypes, strict=True) if "float" not in dtype)
