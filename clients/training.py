@@ -124,9 +124,8 @@ def features_at(model: nn.Module, values: Iterable[Tensor], x: Tensor) -> Tensor
     Evaluated in the model's current mode on copies of its buffers, so a BatchNorm's
     running statistics are not moved by this extra pass; no gradient flows.
     """
-    mapping = dict(zip([name for name, _ in model.named_parameters()], values, strict=True))
     buffers = {name: b.clone() for name, b in model.named_buffers()}
-    return functional_call(model, {**mapping, **buffers}, (x,), {"with_features": True})[1]
+    return functional_call(model, {**parameterised(model)(tuple(values)), **buffers}, (x,), {"with_features": True})[1]
 
 
 def gradient(
