@@ -9,7 +9,7 @@ value and what is allowed, before any data is loaded or any model is built.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping, Sequence
 
 from app.registry import CONTRACTS
 from app.workdir import resolved
@@ -55,10 +55,9 @@ def key_specs(contracts: Mapping[str, Contract] = CONTRACTS) -> dict[str, tuple[
     return table
 
 
-def suggestion(name: str, known: Collection[str]) -> str:
-    """`` (did you mean 'x'?)`` for a near spelling of ``name`` among ``known``, else ``""``."""
-    close = difflib.get_close_matches(name, list(known), n=2)
-    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+def did_you_mean(candidates: Sequence[str]) -> str:
+    """`` (did you mean 'a' or 'b'?)`` for the ``candidates``, or ``""`` when there are none."""
+    return f" (did you mean {' or '.join(map(repr, candidates))}?)" if candidates else ""
 
 
 def model_card(name: str, models: Mapping[str, ModelCard]) -> ModelCard:
@@ -71,7 +70,8 @@ def model_card(name: str, models: Mapping[str, ModelCard]) -> ModelCard:
 
     """
     if name not in models:
-        raise ConfigError(f"run config key 'model': {name!r} is not a registered model{suggestion(name, models)}; "
+        close = did_you_mean(difflib.get_close_matches(name, list(models), n=2))
+        raise ConfigError(f"run config key 'model': {name!r} is not a registered model{close}; "
                           f"choose one of {list(models)} (a model of your own: docs/adding-a-model.md)")  # fmt: skip
     return models[name]
 
@@ -106,8 +106,7 @@ def parse_settings(
         # a method's key without its prefix ('alpha' for 'perfedavg-alpha'), else a near spelling
         hints = {k: [n for n in known if n.endswith(f"-{k}")] or difflib.get_close_matches(k, known, n=2)
                  for k in unknown}  # fmt: skip
-        shown = "; ".join(f"{k!r} (did you mean {' or '.join(map(repr, h))}?)" if h else repr(k)
-                          for k, h in hints.items())  # fmt: skip
+        shown = "; ".join(f"{k!r}{did_you_mean(h)}" for k, h in hints.items())
         listing = "" if all(hints.values()) else f"; known keys: {sorted(known)}"
         raise ConfigError(f"unknown run config key(s) {shown}{listing} (every key: docs/configuration.md)")
     run = RunSettings.from_config(run_config)
