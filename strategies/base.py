@@ -130,7 +130,6 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, ReplyScreen, RunWatch, RunCh
         self.shared = self._shared_indices(self.layout)  # the model's arrays that travel, by index
         self.sent_shapes = [self.shapes[i] for i in self.shared]
         self.global_shared = self._shared_part(self.global_model)
-        self.model_travels = bool(self.shared)  # False under WholeModel: only the contract's array sets travel
         self.connected_partitions: list[int] = []  # the partitions connected when this round's fit was configured
         self._encoded: dict[int, tuple[list[np.ndarray], list[bytes]]] = {}  # while one round's messages are built
         self.fit_specs = {m.name: m for m in (*FIT_METRICS, *self.contract.metrics)}

@@ -36,6 +36,11 @@ class GlobalModelPart:
         personal = set(self.contract.personal_arrays(self.method, layout))
         return [i for i in everything if layout.names[i] not in personal]
 
+    @property
+    def model_travels(self) -> bool:
+        """Whether any array of the model travels (``False`` under ``WholeModel``: only the contract's sets do)."""
+        return bool(self.shared)
+
     def _shared_part(self, model: list[np.ndarray]) -> list[np.ndarray]:
         return model if len(self.shared) == len(model) else [model[i] for i in self.shared]
 
@@ -47,7 +52,7 @@ class GlobalModelPart:
 
     def _use_shared(self, shared: list[np.ndarray]) -> None:
         """Make ``shared`` the global model's shared arrays; its personal ones keep their values."""
-        if not self.shared:  # no model travels: there is nothing to change
+        if not self.model_travels:  # there is nothing to change
             return
         if len(self.shared) == len(self.global_model):
             self._use_model(shared)
