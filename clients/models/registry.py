@@ -95,9 +95,14 @@ def build_model(name: str, *, input_shape: tuple[int, ...], num_classes: int, se
     """
     if name not in MODELS:
         raise ValueError(f"model {name!r} is not one of {list(MODELS)}")
+    return seeded(lambda: MODELS[name].build(tuple(input_shape), num_classes), seed=seed)
+
+
+def seeded(build: Callable[[], nn.Module], *, seed: int) -> nn.Module:
+    """``build()`` under torch's generator seeded with ``seed``, leaving the caller's generator as it was."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return MODELS[name].build(tuple(input_shape), num_classes)
+        return build()
 
 
 def parameter_count(model: nn.Module) -> int:
