@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from app.registry import CONTRACTS
 from app.workdir import resolved
 from clients.models import build_model, layout_of, model_cards
-from datasets import dataset_shape
+from datasets import APP_DATA, dataset_shape
 from strategies.contracts.common import (
     DATA_KEY_SCOPES,
     LOCAL_TRAINING_KEYS,
@@ -30,7 +31,8 @@ from strategies.contracts.keys import ConfigError, KeyedSettings, KeySpec
 from strategies.contracts.models import ModelCard, ModelLayout
 from strategies.contracts.personal import WholeModel
 
-__all__ = ["ConfigError", "Settings", "check_model", "check_on_server", "ignored_keys", "key_specs", "parse_settings"]
+__all__ = ["ConfigError", "Settings", "app_keys", "check_model", "check_on_server", "ignored_keys", "key_specs",
+           "looks_like_stamen_key", "parse_settings"]
 
 
 def key_specs(contracts: Mapping[str, Contract] = CONTRACTS) -> dict[str, tuple[type[KeyedSettings], KeySpec]]:
@@ -60,6 +62,30 @@ def did_you_mean(candidates: Sequence[str]) -> str:
     return f" (did you mean {' or '.join(map(repr, candidates))}?)" if candidates else ""
 
 
+# How alike (difflib's ratio) an app's key may be to one of stamen's before it is taken for a misspelling of it:
+# 'perfedavg-alhpa', 'num-server-round', 'local-epoch' are refused; 'fraction-train', 'partition-seed', 'lrr' pass.
+NEAR_MISS_RATIO = 0.85
+
+
+def looks_like_stamen_key(
+    name: str, known: Mapping[str, object], contracts: Mapping[str, Contract] = CONTRACTS
+) -> bool:
+    """Whether an app's key ``name`` is more likely a misspelt stamen key than the app's own.
+
+    It is when it starts with a method's prefix (``perfedavg-``, ``fathom-``: stamen's
+    namespaces) or is within :data:`NEAR_MISS_RATIO` of a key stamen declares.
+    """
+    if any(name.startswith(f"{method}-") for method in contracts):
+        return True
+    return bool(difflib.get_close_matches(name, list(known), n=1, cutoff=NEAR_MISS_RATIO))
+
+
+def app_keys(run_config: Mapping[str, object], contracts: Mapping[str, Contract] = CONTRACTS) -> dict[str, object]:
+    """The keys of ``run_config`` that stamen does not declare: an outside app's own, with their values."""
+    known = key_specs(contracts)
+    return {name: value for name, value in run_config.items() if name not in known}
+
+
 def model_card(name: str, models: Mapping[str, ModelCard]) -> ModelCard:
     """The card of the registered model ``name``.
 
@@ -80,6 +106,8 @@ def parse_settings(
     run_config: Mapping[str, object],
     contracts: Mapping[str, Contract] = CONTRACTS,
     models: Mapping[str, ModelCard] | None = None,
+    *,
+    allow_app_keys: bool = False,
 ) -> Settings:
     """Check ``run_config`` and return the typed settings of the run.
 
@@ -92,6 +120,11 @@ def parse_settings(
     models
         The models known, by name; default: the model registry's cards at the time of the
         call (so a model registered at run time counts).
+    allow_app_keys
+        ``True`` in an outside app: keys stamen does not declare are the app's own and
+        are left to it (:func:`app_keys`), except those that look like a misspelt stamen
+        key (:func:`looks_like_stamen_key`), which are refused naming the key meant.
+        ``False`` (stamen's own app): every unknown key is refused.
 
     Raises
     ------
@@ -102,6 +135,8 @@ def parse_settings(
     """
     known = key_specs(contracts)
     unknown = sorted(set(run_config) - set(known))
+    if allow_app_keys:  # an outside app's own keys pass; what looks like a misspelt stamen key does not
+        unknown = [k for k in unknown if looks_like_stamen_key(k, known, contracts)]
     if unknown:
         # a method's key without its prefix ('alpha' for 'perfedavg-alpha'), else a near spelling
         hints = {k: [n for n in known if n.endswith(f"-{k}")] or difflib.get_close_matches(k, known, n=2)
@@ -168,13 +203,23 @@ def model_layout(settings: Settings) -> ModelLayout:
     return layout_of(model)
 
 
-def check_model(settings: Settings, contracts: Mapping[str, Contract] = CONTRACTS) -> None:
+def check_model(
+    settings: Settings, contracts: Mapping[str, Contract] = CONTRACTS, layout: ModelLayout | None = None
+) -> None:
     """The method's rules against the run's model: its personal arrays, and its own ``check_model``.
 
     Runs on the server before the run's folder exists, and in ``python -m app.config``.
+    ``layout`` is the model's (an outside app's own network); default: the registered
+    model's, built for the run's data.
     """
-    layout = model_layout(settings)
-    contracts[settings.run.strategy].personal_arrays(settings.method, layout)
+    layout = layout if layout is not None else model_layout(settings)
+    contract = contracts[settings.run.strategy]
+    if contract.representation and not layout.head:
+        raise ConfigError(f"run config key 'model': {contract.name} trains on the model's representation "
+                          f"features(x), and {settings.training.model!r} is not split into features and a head; "
+                          "derive it from clients.models.SplitModel (stamen.clients.models.SplitModel installed: "
+                          "docs/adding-a-model.md)")  # fmt: skip
+    contract.personal_arrays(settings.method, layout)
     settings.method.check_model(dict(zip(layout.names, layout.shapes, strict=True)))
 
 
@@ -227,13 +272,14 @@ def check_tuning(settings: Settings, contracts: Mapping[str, Contract] = CONTRAC
                               f"[{low_key}, {high_key}] = [{low:g}, {high:g}]")  # fmt: skip
 
 
-def check_on_server(settings: Settings) -> None:
+def check_on_server(settings: Settings, layout: ModelLayout | None = None) -> None:
     """Checks only the server makes, once, before any work: the method's files, its model rules, ``resume-from``.
 
     ``parse_settings`` runs on every SuperNode too, where the server's files need not exist.
+    ``layout``: the model's, when it is an outside app's own (see :func:`check_model`).
     """
     settings.method.check_on_server()
-    check_model(settings)
+    check_model(settings, layout=layout)
     resume_from = settings.execution.resume_from
     if resume_from and not resolved(resume_from).exists():
         raise ConfigError(f"run config key 'resume-from': {resume_from!r} ({resolved(resume_from)}) does not exist; "
@@ -263,7 +309,7 @@ def ignored_keys(
             ignored[name] = f"a {group.prefix} key; strategy is {strategy!r}"
         elif name in LOCAL_TRAINING_KEYS and name not in contract.uses:
             ignored[name] = f"{strategy} reads {', '.join(contract.uses)} of the local-training keys"
-        elif name in DATA_KEY_SCOPES:
+        elif name in DATA_KEY_SCOPES and settings.data.dataset != APP_DATA:  # an own app's data keys are its own
             owner, applies_to = DATA_KEY_SCOPES[name]
             if values[owner] not in applies_to:
                 ignored[name] = f"only for {owner} {' or '.join(applies_to)}; {owner} is {values[owner]!r}"
@@ -294,30 +340,85 @@ def run_config_from_text(text: str) -> dict[str, object]:
         raise ConfigError(f"--run-config is not in flwr run's `key=value ...` syntax: {text!r}") from err
 
 
+def app_run_config(app_dir: Path) -> dict[str, object]:
+    """The ``[tool.flwr.app.config]`` of the Flower app in ``app_dir`` (flattened as Flower does)."""
+    from flwr.common.config import flatten_dict
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the same parser, as flwr's dependency tomli
+        import tomli as tomllib
+
+    pyproject = app_dir / "pyproject.toml"
+    if not pyproject.is_file():
+        raise ConfigError(f"--app {app_dir}: no pyproject.toml there")
+    table = tomllib.loads(pyproject.read_text()).get("tool", {}).get("flwr", {}).get("app", {}).get("config", {})
+    return flatten_dict(table)
+
+
+def check_overrides(overrides: Mapping[str, object], app_config: Mapping[str, object], app_dir: Path) -> None:
+    """What Flower checks before a run starts (its ``[code: 15]``), with the key meant named.
+
+    Raises
+    ------
+    ConfigError
+        For an override key the app's ``pyproject.toml`` does not declare: the closest
+        key it declares, or the stamen key it would have to add.
+
+    """
+    for name in overrides:
+        if name in app_config:
+            continue
+        close = difflib.get_close_matches(name, list(app_config), n=2, cutoff=0.7)
+        hint = did_you_mean(close)
+        if not close:
+            stamen_close = difflib.get_close_matches(name, list(key_specs()), n=1, cutoff=0.7)
+            hint = (f" (stamen's key {stamen_close[0]!r} can be set once the app declares it there)"
+                    if stamen_close else "")  # fmt: skip
+        raise ConfigError(f"run config key {name!r} is not declared in {app_dir / 'pyproject.toml'}'s "
+                          f"[tool.flwr.app.config]{hint}; `flwr run` refuses it with `[code: 15] Invalid run "
+                          "configuration.`")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m app.config "lr=0.1 strategy='fedavg'"``: check a ``--run-config`` string before submitting it.
 
     ``flwr run`` refuses a key it does not know with ``[code: 15] Invalid run
     configuration`` and names the key only in the SuperLink's log; this prints
     stamen's own message (with a suggestion for a misspelt key), the warnings a run
-    would log, and exits 1 when the run would be refused.
+    would log, and exits 1 when the run would be refused. With ``--app DIR`` it checks
+    the string against that Flower app's ``pyproject.toml`` as Flower does, then reads it
+    as an outside app's run config (its own keys pass).
     """
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m app.config", description=main.__doc__.splitlines()[0])
+    module = __spec__.name if __spec__ is not None else "app.config"  # stamen.app.config when installed
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=main.__doc__.splitlines()[0])
     parser.add_argument("run_config", nargs="*", help="the --run-config string(s), in flwr run's syntax")
+    parser.add_argument("--app", type=Path, default=None,
+                        help="an outside Flower app's folder: check the keys against its pyproject.toml")  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        run_config = run_config_from_text(" ".join(args.run_config))
-        settings = parse_settings(run_config)
-        check_on_server(settings)
+        overrides = run_config_from_text(" ".join(args.run_config))
+        run_config = overrides
+        if args.app is not None:
+            app_config = app_run_config(args.app)
+            check_overrides(overrides, app_config, args.app)
+            run_config = {**app_config, **overrides}
+        settings = parse_settings(run_config, allow_app_keys=args.app is not None)
+        if args.app is None:
+            check_on_server(settings)
     except ConfigError as err:
         print(f"error: {err}")
         return 1
     ignored = ignored_keys(run_config, settings)
     if ignored:
         print(f"warning: {ignored_keys_line(ignored)}")
-    print(f"ok: strategy {settings.run.strategy!r} on {settings.data.dataset!r} accepts this run config")
+    if args.app is not None:
+        print(f"ok: {args.app} accepts this run config: strategy {settings.run.strategy!r}, the app's own keys "
+              f"{sorted(app_keys(run_config))}")  # fmt: skip
+    else:
+        print(f"ok: strategy {settings.run.strategy!r} on {settings.data.dataset!r} accepts this run config")
     return 0
 
 

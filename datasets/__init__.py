@@ -8,6 +8,7 @@ from datasets.base import ArraySource, ClientSplit, DataUnavailableError, NotEno
 from datasets.local import USER_DATASETS, LocalDataError, class_counts, parse_classes, parse_shape
 from datasets.partition import PAPER_VARIANTS, PARTITIONERS, PartitionSpec, partition
 from datasets.registry import (
+    APP_DATA,
     DATASETS,
     EMNIST_SPLITS,
     GENERATED,
@@ -23,6 +24,7 @@ from datasets.registry import (
 )
 
 __all__ = [
+    "APP_DATA",
     "DATASETS",
     "EMNIST_SPLITS",
     "GENERATED",

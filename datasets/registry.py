@@ -25,8 +25,11 @@ from datasets.synthetic import NUM_CLASSES as SYNTHETIC_CLASSES
 from datasets.synthetic import make_synthetic
 from datasets.torchvision_sources import EMNIST_CLASSES, load_cifar10, load_mnist_family
 
+# "app": the data an outside app's own function hands over (app.client_app.build_client_app(data=...)); stamen
+# cannot load it by name, so the loaders below refuse it
+APP_DATA = "app"
 DATASETS = ("mnist-5k", "mnist", "fashion-mnist", "emnist", "cifar10", "femnist", "synthetic", "least-squares",
-            *USER_DATASETS)  # fmt: skip
+            *USER_DATASETS, APP_DATA)  # fmt: skip
 GENERATED = ("synthetic", "least-squares")  # one generated user per partition
 NATURAL = ("femnist", "synthetic", "least-squares")  # data with its own users (the natural partitioner)
 # a user's own data (USER_DATASETS) may come from each deployed node's own data-dir instead
@@ -76,14 +79,21 @@ class ClientData:
         return digest.hexdigest()
 
 
+def _check_loadable(spec: DataSpec) -> None:
+    if spec.name not in DATASETS:
+        raise ValueError(f"dataset {spec.name!r} is not one of {DATASETS}")
+    if spec.name == APP_DATA:
+        raise ValueError(f"dataset {APP_DATA!r} is an app's own data, which only the app's data function gives "
+                         "(app.client_app.build_client_app(data=...); docs/own-app.md)")
+
+
 def dataset_shape(spec: DataSpec) -> tuple[tuple[int, ...], int]:
     """Input shape of one example and number of classes, without loading any data.
 
     The server needs them to build the initial model; clients check their data
     against them.
     """
-    if spec.name not in DATASETS:
-        raise ValueError(f"dataset {spec.name!r} is not one of {DATASETS}")
+    _check_loadable(spec)
     if spec.name == "synthetic":
         return (SYNTHETIC_DIMENSION,), SYNTHETIC_CLASSES
     if spec.name in USER_DATASETS:
@@ -102,8 +112,7 @@ def dataset_shape(spec: DataSpec) -> tuple[tuple[int, ...], int]:
 @lru_cache(maxsize=4)
 def load_source(spec: DataSpec) -> ArraySource:
     """Load (once per process) the whole dataset named by ``spec``."""
-    if spec.name not in DATASETS:
-        raise ValueError(f"dataset {spec.name!r} is not one of {DATASETS}")
+    _check_loadable(spec)
     if spec.name == "mnist-5k":
         return load_mnist_5k()
     if spec.name == "synthetic":

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from datasets import (
+    APP_DATA,
     DATASETS,
     EMNIST_SPLITS,
     GENERATED,
@@ -113,7 +114,8 @@ class RunSettings(KeyedSettings):
 class DataSettings(KeyedSettings):
     """Which data, from where, and how it is split over the clients."""
 
-    dataset: str = key("mnist-5k", "mnist-5k (embedded), torchvision or LEAF files, or generated data",
+    dataset: str = key("mnist-5k", "mnist-5k (embedded), torchvision or LEAF files, generated data, or app (an own "
+                       "app's data function: docs/own-app.md)",
                        choices=DATASETS)  # fmt: skip
     data_dir: str = key("", "folder with the dataset's files (torchvision layout; LEAF train/ and test/)")
     download: bool = key(False, "let torchvision download mnist/fashion-mnist/emnist/cifar10 into data-dir")
@@ -246,6 +248,10 @@ class Settings:
         if self.run.central_eval and data.dataset in GENERATED:
             raise ConfigError(f"run config key 'central-eval': needs a dataset with its own test set; "
                               f"{data.dataset!r} has none")  # fmt: skip
+        if self.run.central_eval and data.dataset == APP_DATA:
+            raise ConfigError("run config key 'central-eval': the data is the app's own, which only its clients "
+                              "load, so the server has no test set; evaluation runs on the clients "
+                              "(fraction-evaluate > 0)")  # fmt: skip
         if self.run.central_eval and data.dataset in USER_DATASETS and not data.data_dir:
             raise ConfigError(f"run config key 'central-eval': the server tests on the run config's data-dir, which "
                               f"is empty (dataset {data.dataset!r}: the devices hold the data)")  # fmt: skip

@@ -165,6 +165,9 @@ class Contract:
     keeps
         What else each client keeps across rounds in its ``Context.state``, in words (Ditto:
         "its personal model v_k"); a run resumed from a checkpoint starts it afresh, and says so.
+    representation
+        It trains on the model's representation ``features(x)`` (MOON, FedProto): a model
+        without the split into features and a head (not a ``SplitModel``) is refused.
 
     """
 
@@ -180,6 +183,7 @@ class Contract:
     returns: tuple[ArraySet, ...] = ()
     personal: PersonalArrays | None = None
     keeps: str = ""
+    representation: bool = False
 
     def __post_init__(self) -> None:
         if self.settings.prefix != self.name:

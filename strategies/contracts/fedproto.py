@@ -53,6 +53,7 @@ CONTRACT = Contract(
             "own representations towards the global ones",
     settings=FedProtoSettings,
     uses=("lr", "local-steps", "local-epochs", "batch-size"),
+    representation=True,  # it trains on features(x): a model with the split
     personal=WholeModel(),
     sends=(ArraySet(PROTOTYPES, "the global prototype C^j of each class, a row each (zeros where none)"),
            ArraySet(COUNTS, "the training examples behind each global prototype (0: none this round)")),

@@ -30,6 +30,7 @@ CONTRACT = Contract(
             "their previous one's",
     settings=MoonSettings,
     uses=("lr", "local-steps", "local-epochs", "batch-size"),
+    representation=True,  # it trains on features(x): a model with the split
     example={"strategy": "moon", "fraction-fit": 0.5, "moon-mu": 1.0},
     tunable=Tunable(step="lr", work=("local-epochs", "local-steps")),
     keeps="its model after its previous round (MOON's z_prev)",
