@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Mapping
 from logging import INFO
 from pathlib import Path
 
@@ -132,6 +133,20 @@ class ResultWriter:
             plot_tuning(self.rounds, self.run_dir / "tuning.png", title=title)
             written.append("tuning.png")
         log(INFO, "stamen wrote %s, %s", self.metrics_path, ", ".join(written))
+
+
+def write_refusal(*, run_dir: Path, reason: str, run_config: Mapping[str, object]) -> Path:
+    """``<run_dir>/summary.json`` of a run refused before any work: ``status`` ``failed``, ``refused`` and the reason.
+
+    ``flwr run --stream`` exits 0 whatever happens to the run, so a script that reads the
+    run's ``summary.json`` finds why here; nothing else is written.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    payload = {"settings": dict(run_config), "status": "failed", "refused": True, "reason": reason,
+               "completed-rounds": 0, "results-dir": str(run_dir)}  # fmt: skip
+    path = run_dir / "summary.json"
+    path.write_text(json.dumps(_jsonable(payload), indent=2) + "\n")
+    return path
 
 
 def read_metrics(path: Path) -> list[dict]:

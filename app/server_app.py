@@ -1,9 +1,12 @@
-"""ServerApp: parse the run config, build the initial model and the chosen method's strategy."""
+"""ServerApp: parse the run config, build the initial model and the chosen method's strategy.
+
+:func:`build_server_app` is the entry point, for stamen's own app (``app`` below) and an outside app alike.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from logging import INFO, WARNING
+from collections.abc import Callable, Mapping
+from logging import ERROR, INFO, WARNING
 
 import numpy as np
 import torch
@@ -12,10 +15,11 @@ from flwr.common.logger import log
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
 
-from app.config import ConfigError, Settings, check_on_server, ignored_keys, ignored_keys_line, parse_settings
+from app.config import ConfigError, Settings, check_on_server, ignored_keys, ignored_keys_line
+from app.own_parts import ModelFn, OwnParts
 from app.provenance import run_provenance
 from app.registry import METHODS
-from app.results import ResultWriter, run_directory
+from app.results import ResultWriter, run_directory, write_refusal
 from app.workdir import resolved
 from clients.base import torch_device
 from clients.models import build_model, layout_of, parameter_count
@@ -23,7 +27,8 @@ from clients.training import accuracy_and_loss, to_tensor
 from datasets import dataset_shape, load_source
 from strategies.base import FederatedStrategy
 from strategies.checkpoint import Checkpoint, CheckpointError, checkpoint_file, load_checkpoint
-from strategies.contracts.models import ModelLayout
+from strategies.contracts.common import DataSettings, ExecutionSettings, RunSettings
+from strategies.contracts.models import ModelCard, ModelLayout
 from strategies.resume import ContinuedRun
 from strategies.server import RoundServer
 
@@ -52,8 +57,12 @@ def initial_model(settings: Settings) -> tuple[Parameters, ModelLayout]:
                         seed=settings.run.seed)  # fmt: skip
     log(INFO, "stamen: %s on %s, model %s (%d parameters)", settings.run.strategy, settings.data.dataset,
         settings.training.model, parameter_count(model))  # fmt: skip
-    arrays = model.state_dict()
-    return ndarrays_to_parameters([value.detach().cpu().numpy() for value in arrays.values()]), layout_of(model)
+    return model_parameters(model), layout_of(model)
+
+
+def model_parameters(model: torch.nn.Module) -> Parameters:
+    """Every ``state_dict`` array of ``model``, in order, as Flower's parameters."""
+    return ndarrays_to_parameters([value.detach().cpu().numpy() for value in model.state_dict().values()])
 
 
 def initial_parameters(settings: Settings) -> Parameters:
@@ -106,32 +115,109 @@ def checkpoint_to_resume(settings: Settings) -> Checkpoint:
     return checkpoint
 
 
-def server_fn(context: Context) -> ServerAppComponents:
-    """Build the strategy named by ``strategy`` with a result writer as its recorder."""
-    settings = parse_settings(context.run_config)
-    ignored = ignored_keys(context.run_config, settings)
+def refused(err: Exception, run_config: Mapping[str, object], parts: OwnParts) -> None:
+    """Log a refused run's reason as one line, before Flower prints its traceback, and say so in its ``summary.json``.
+
+    The folder is the one the run would have written to; when the keys naming it are the
+    ones refused, there is none, and the log line is all.
+    """
+    reason = " ".join(str(err).split())
+    log(ERROR, "stamen: the run is refused: %s", reason)
+    try:
+        run = RunSettings.from_config(run_config)
+        execution = ExecutionSettings.from_config(run_config)
+        data_name = parts.data_name or str(run_config.get("dataset", DataSettings.key_specs()[0].default))
+        run_dir = run_directory(execution.results_dir, execution.run_name, f"{run.strategy}-{data_name}")
+    except ConfigError:
+        return
+    log(INFO, "stamen wrote %s (status failed: refused)", write_refusal(run_dir=run_dir, reason=reason,
+                                                                        run_config=run_config))  # fmt: skip
+
+
+def build_server_app(
+    *,
+    model: ModelFn | None = None,
+    model_name: str = "",
+    model_card: ModelCard | None = None,
+    data_name: str = "",
+    allow_app_keys: bool = True,
+) -> ServerApp:
+    """A Flower ``ServerApp`` that runs the stamen method named by the run config's ``strategy``.
+
+    It is what stamen's own app runs (``app = build_server_app(allow_app_keys=False)``), so
+    an app built with it gets the same run: the checks before any work, the preflight,
+    a line per round, the results folder (``metrics.jsonl``, ``summary.json``,
+    ``accuracy.png``), checkpoints and resuming, and the personalised evaluation.
+
+    Parameters
+    ----------
+    model
+        ``model(run_config) -> torch.nn.Module``: the app's own network, built from the
+        run's ``seed`` (the clients build it the same way). ``None``: the registered
+        model named by the ``model`` key (docs/models.md).
+    model_name
+        What the runs call the app's network; default: its class name.
+    model_card
+        Its traits for stamen's checks (BatchNorm, smooth activations); default: read
+        from the network (:func:`clients.models.card_of`).
+    data_name
+        The name of the app's own data, which its clients load
+        (``build_client_app(data=...)``); ``""``: the data is stamen's ``dataset``.
+    allow_app_keys
+        Pass the app's own run-config keys through to it; a key that looks like a misspelt
+        stamen key is still refused (:func:`app.config.looks_like_stamen_key`).
+
+    """
+    parts = OwnParts(model=model, model_name=model_name, model_card=model_card, data_name=data_name,
+                     allow_app_keys=allow_app_keys)  # fmt: skip
+    return ServerApp(server_fn=server_function(parts))
+
+
+def server_function(parts: OwnParts) -> Callable[[Context], ServerAppComponents]:
+    """Flower's ``server_fn`` for an app's parts (:func:`build_server_app`); a refused run logs why, in one line."""
+
+    def server_fn(context: Context) -> ServerAppComponents:
+        try:
+            return server_components(context.run_config, parts)
+        except ConfigError as err:
+            refused(err, context.run_config, parts)
+            raise
+
+    return server_fn
+
+
+def server_components(run_config: Mapping[str, object], parts: OwnParts) -> ServerAppComponents:
+    """Build the strategy named by ``strategy``, with a result writer as its recorder, inside stamen's round server."""
+    settings, network = parts.settings(run_config, own_data=bool(parts.data_name))
+    ignored = ignored_keys(run_config, settings)
     if ignored:
         log(WARNING, ignored_keys_line(ignored))
-    check_on_server(settings)
+    if network is None:
+        parameters, layout = initial_model(settings)
+    else:
+        parameters, layout = model_parameters(network), layout_of(network)
+        log(INFO, "stamen: %s on %s, the app's model %s (%d parameters)", settings.run.strategy,
+            parts.data_name or settings.data.dataset, settings.training.model, parameter_count(network))  # fmt: skip
+    check_on_server(settings, layout=layout)
     checkpoint = checkpoint_to_resume(settings) if settings.execution.resume_from else None
     # everything that can fail on the server runs before the results folder exists, so a folder is
     # only made for a run that reaches its clients (and then ends with a summary.json either way)
-    parameters, layout = initial_model(settings)
     central_evaluation = central_evaluator(settings) if settings.run.central_eval else None
     if checkpoint is None:
         execution = settings.execution
         run_dir = run_directory(execution.results_dir, execution.run_name,
-                                f"{settings.run.strategy}-{settings.data.dataset}")  # fmt: skip
+                                f"{settings.run.strategy}-{parts.data_name or settings.data.dataset}")  # fmt: skip
         resume_after = None
     else:  # a resumed run continues in the checkpoint's folder, its records and round numbers
         run_dir = checkpoint_file(str(resolved(settings.execution.resume_from))).parent
         resume_after = checkpoint.round
         log(INFO, "stamen: resuming %s after round %d", run_dir, checkpoint.round)
+    recorded = {**settings.as_run_config(), **parts.record(run_config, settings)}
     strategy = METHODS[settings.run.strategy].strategy(
         settings=settings,
         initial_parameters=parameters,
         layout=layout,
-        recorder=ResultWriter(run_dir=run_dir, settings=settings.as_run_config(), resume_after=resume_after,
+        recorder=ResultWriter(run_dir=run_dir, settings=recorded, resume_after=resume_after,
                               provenance=run_provenance(settings.execution.device)),
         central_evaluation=central_evaluation,
     )
@@ -145,4 +231,5 @@ def server_fn(context: Context) -> ServerAppComponents:
     return ServerAppComponents(server=server, config=ServerConfig(num_rounds=rounds))
 
 
-app = ServerApp(server_fn=server_fn)
+server_fn = server_function(OwnParts(allow_app_keys=False))  # stamen's own (apps that wrap it, the tests)
+app = build_server_app(allow_app_keys=False)

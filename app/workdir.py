@@ -41,13 +41,23 @@ def installed_from_a_fab(root: Path) -> bool:
     return root.parent.name == "apps" and root.name.count(".") >= 3
 
 
-def serve_workers_from_the_fab() -> bool:
+def fab_root_of(path: Path) -> Path | None:
+    """The folder of the installed FAB that holds ``path`` (an app's module), or ``None`` outside one."""
+    for folder in Path(path).resolve().parents:
+        if installed_from_a_fab(folder):
+            return folder
+    return None
+
+
+def serve_workers_from_the_fab(root: Path | None = None) -> bool:
     """In Flower's simulation process, before Ray starts, move into the FAB's folder; whether it moved.
 
-    Nothing happens elsewhere (a deployed ClientApp process, an in-process simulation,
-    the tests) or when ``STAMEN_KEEP_SUPERLINK_WORKDIR=1``.
+    ``root``: the FAB of the app being run (an outside app's, which imports an installed
+    stamen); default: the one stamen's code runs from. Nothing happens elsewhere (a
+    deployed ClientApp process, an in-process simulation, the tests) or when
+    ``STAMEN_KEEP_SUPERLINK_WORKDIR=1``.
     """
-    root = code_root()
+    root = root if root is not None else code_root()
     if Path(sys.argv[0]).name != SIMULATION_PROCESS or os.environ.get(KEEP_WORKDIR) == "1":
         return False
     ray = sys.modules.get("ray")

@@ -10,12 +10,14 @@ these (``tests/test_registry.py``); it overrides the hooks in ``base.py``.
 
 from __future__ import annotations
 
+import sys
 import time
 from logging import ERROR, INFO, WARNING
 
 import numpy as np
 from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar, ndarray_to_bytes
 from flwr.common.logger import log
+from flwr.server import Server
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
@@ -27,6 +29,25 @@ from strategies.reply_screen import Failures
 from strategies.screening import evaluate_reply_problem, is_non_finite
 
 PREFLIGHT_LOG = "preflight-errors.log"
+
+
+def refuse_plain_server(caller: object) -> None:
+    """Refuse to run under a Flower ``Server`` that does not close rounds on the strategy (not stamen's RoundServer).
+
+    A stamen strategy writes a round's record, the run's ``summary.json`` and its plots
+    when ``end_round`` is called, which only :class:`strategies.server.RoundServer` does;
+    under Flower's own ``Server`` (``ServerApp(config=..., strategy=...)``) the run would
+    train and record nothing. Test code driving a strategy by hand is not a ``Server``
+    and passes.
+    """
+    if isinstance(caller, Server) and not getattr(caller, "closes_rounds", False):
+        raise RuntimeError(
+            f"a stamen strategy runs inside stamen's RoundServer, which records each round; this one runs in "
+            f"{type(caller).__name__} and would record nothing. Build the ServerApp with "
+            "stamen.build_server_app(...) (docs/own-app.md), or return ServerAppComponents(server="
+            "stamen.RoundServer(client_manager=SimpleClientManager(), strategy=strategy, max_workers=64), ...) "
+            "from your server_fn"
+        )
 
 
 class FlowerApi:
@@ -52,7 +73,15 @@ class FlowerApi:
         went, then stops the run. Nodes left out for faults in their own data are
         logged the same way, and the run goes on with the others. Every admitted
         node's data (examples per split and class) is logged and kept for ``summary.json``.
+
+        Raises
+        ------
+        RuntimeError
+            When Flower's plain ``Server`` calls it: that server never closes a round on
+            the strategy, so the run would train and record nothing (:func:`refuse_plain_server`).
+
         """
+        refuse_plain_server(sys._getframe(1).f_locals.get("self"))
         self.nodes.wait_for(client_manager, self.settings.run.min_available_clients)
         self.timing["nodes-connected-seconds"] = time.perf_counter() - self.started
         if self.settings.run.preflight:

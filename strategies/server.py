@@ -35,6 +35,8 @@ class RoundServer(Server):
 
     """
 
+    closes_rounds = True  # what a stamen strategy checks before round 1 (strategies.flower_api.refuse_plain_server)
+
     def __init__(
         self, *, client_manager: ClientManager, strategy: FederatedStrategy | ContinuedRun, max_workers: int
     ) -> None:

@@ -83,5 +83,7 @@ def test_a_bad_combination_file_stops_the_server_before_any_client_works(sim, tm
     assert not outcome.ok
     assert f"diffusion-combination-file {matrix}: combination matrix column 0 sums to 1.1" in outcome.log
     assert "preflight" not in outcome.log  # no client was asked anything
-    assert not (tmp_path / "matrix").exists()  # nothing ran, so no results folder
+    # nothing ran: the folder holds only the summary saying why (flwr run exits 0 either way)
+    assert sorted(p.name for p in (tmp_path / "matrix").iterdir()) == ["summary.json"]
+    assert summary_of(tmp_path / "matrix")["refused"] is True
     assert len(outcome.log.splitlines()) < 80, outcome.log
