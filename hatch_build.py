@@ -28,11 +28,41 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 PACKAGES = ("app", "strategies", "clients", "datasets")
 IMPORT_ROOT = "stamen"
 
-INIT = '''"""stamen, installed: import its parts as ``stamen.strategies``, ``stamen.clients``,
-``stamen.datasets`` and ``stamen.app`` (for example ``from stamen.strategies.perfedavg
-import PerFedAvg``). In a clone the same code sits in the top-level folders; see
-docs/installing.md."""
+PUBLIC_SURFACE = "app/api.py"  # what `import stamen` offers: its __all__, loaded on first use
+
+INIT = '''"""stamen, installed: Per-FedAvg, FATHOM, diffusion and the other methods as Flower strategies.
+
+The public surface (docs/own-app.md) is this package's ``__all__``: the methods by name,
+the settings parser, and ``build_server_app`` / ``build_client_app``, which build a Flower
+``ServerApp`` and ``ClientApp`` from your own model and data. The names are loaded on
+first use, so ``import stamen.app.device`` stays as light as it was. The rest of stamen is
+importable as ``stamen.strategies``, ``stamen.clients``, ``stamen.datasets`` and
+``stamen.app``; in a clone the same code sits in the top-level folders (docs/installing.md).
+"""
+
+__all__ = {names!r}
+
+
+def __getattr__(name: str) -> object:
+    if name in __all__:
+        from stamen.app import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'stamen' has no attribute {{name!r}}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
 '''
+
+
+def public_names(source_root: Path) -> list[str]:
+    """The ``__all__`` of the public surface module, read without importing it (it imports torch and flwr)."""
+    tree = ast.parse((source_root / PUBLIC_SURFACE).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    raise ValueError(f"{PUBLIC_SURFACE} has no literal __all__")
 
 
 def rewrite_imports(source: str, *, filename: str = "<source>") -> str:
@@ -65,7 +95,7 @@ def write_import_root(*, source_root: Path, target: Path) -> None:
     """Copy the four packages from ``source_root`` to ``target/stamen/`` with rewritten imports."""
     root = target / IMPORT_ROOT
     root.mkdir(parents=True)
-    (root / "__init__.py").write_text(INIT)
+    (root / "__init__.py").write_text(INIT.format(names=public_names(source_root)))
     for package in PACKAGES:
         for path in sorted((source_root / package).rglob("*")):
             if path.is_dir() or "__pycache__" in path.parts or path.suffix == ".pyc":

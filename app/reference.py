@@ -1,9 +1,9 @@
 """The configuration reference and the table of models, generated from the declarations and the registries.
 
     python -m app.reference            # print the tables
-    python -m app.reference --write    # rewrite them in docs/configuration.md and docs/models.md (between markers)
+    python -m app.reference --write    # rewrite them in docs/configuration.md, docs/models.md and docs/own-app.md
 
-``tests/test_app_config.py`` fails when either page and this output differ.
+(between markers). ``tests/test_app_config.py`` fails when a page and this output differ.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Mapping
 from pathlib import Path
 
-from app.registry import CONTRACTS
+from app.registry import CONTRACTS, METHODS, Method
 from clients.models import model_cards
 from strategies.contracts.common import SHARED_GROUPS
 from strategies.contracts.contract import Contract
@@ -22,6 +22,8 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 BEGIN, END = "<!-- keys:begin (python -m app.reference --write) -->", "<!-- keys:end -->"
 MODELS_DOC = DOC.with_name("models.md")
 MODELS_BEGIN, MODELS_END = "<!-- models:begin (python -m app.reference --write) -->", "<!-- models:end -->"
+METHODS_DOC = DOC.with_name("own-app.md")
+METHODS_BEGIN, METHODS_END = "<!-- methods:begin (python -m app.reference --write) -->", "<!-- methods:end -->"
 
 
 def _cell(value: object) -> str:
@@ -67,6 +69,17 @@ def models_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def methods_table(methods: Mapping[str, Method] = METHODS) -> str:
+    """Markdown: one row per registered method, its classes (as an installed stamen names them) and its keys."""
+    lines = ["| `strategy` | strategy class | client class | keys it reads besides the run's |", "|---|---|---|---|"]
+    for name, method in methods.items():
+        classes = [f"`stamen.{c.__module__.removeprefix('stamen.')}.{c.__name__}`"
+                   for c in (method.strategy, method.client)]  # fmt: skip
+        keys = ", ".join(f"`{k}`" for k in method.keys)
+        lines.append(f"| [`{name}`](methods/{name}.md) | {classes[0]} | {classes[1]} | {keys} |")
+    return "\n".join(lines) + "\n"
+
+
 def documented(text: str, begin: str = BEGIN, end: str = END) -> str:
     """The generated part of a page's text, between its markers."""
     if begin not in text or end not in text:
@@ -84,15 +97,17 @@ def write_between(page: Path, begin: str, end: str, generated: str) -> None:
 
 
 def main() -> None:
-    """Print the tables, or write them into docs/configuration.md and docs/models.md."""
+    """Print the tables, or write them into their pages."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"rewrite the tables in {DOC} and {MODELS_DOC}")
+    parser.add_argument("--write", action="store_true",
+                        help=f"rewrite the tables in {DOC}, {MODELS_DOC} and {METHODS_DOC}")  # fmt: skip
     args = parser.parse_args()
     if not args.write:
-        print(reference(), models_table(), sep="\n", end="")
+        print(reference(), models_table(), methods_table(), sep="\n", end="")
         return
     write_between(DOC, BEGIN, END, reference())
     write_between(MODELS_DOC, MODELS_BEGIN, MODELS_END, models_table())
+    write_between(METHODS_DOC, METHODS_BEGIN, METHODS_END, methods_table())
 
 
 if __name__ == "__main__":

@@ -55,6 +55,16 @@ class Method:
     def contract(self) -> Contract:
         return self.strategy.contract
 
+    @property
+    def name(self) -> str:
+        """The value of the ``strategy`` key that selects it."""
+        return self.contract.name
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The run-config keys it reads besides the run's: the local-training keys it uses, then its own."""
+        return (*self.contract.uses, *(spec.name for spec in self.contract.settings.key_specs()))
+
 
 def by_name(*methods: Method) -> dict[str, Method]:
     """``{contract name: method}``, refusing two methods of one name."""

@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO
 
 from app.config import ConfigError, Settings, key_specs, parse_settings
-from app.reference import DOC, documented, reference
+from app.reference import DOC, METHODS_BEGIN, METHODS_DOC, METHODS_END, documented, methods_table, reference
 from app.registry import CONTRACTS, METHODS
 from strategies.contracts.common import SHARED_GROUPS, TrainingSettings
 from strategies.contracts.contract import Contract, MethodSettings
@@ -35,6 +35,11 @@ def test_pyproject_defaults_parse_to_the_declared_defaults():
 
 def test_the_configuration_reference_is_generated_from_the_declarations():
     assert documented(DOC.read_text()) == reference(), "run: python -m app.reference --write"
+
+
+def test_the_own_app_pages_table_of_methods_is_generated_from_the_registry():
+    page = METHODS_DOC.read_text()
+    assert documented(page, METHODS_BEGIN, METHODS_END) == methods_table(), "run: python -m app.reference --write"
 
 
 def test_every_key_is_declared_once_and_every_method_key_carries_its_prefix():
