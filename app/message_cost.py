@@ -28,8 +28,7 @@ from pathlib import Path
 
 from flwr.common import Context, Message
 
-from app import IMPORT_STARTED
-from app.warm_exec import FORKED_AT_ENV
+from app import FORKED_AT_ENV, IMPORT_STARTED
 
 PROFILE_ENV = "STAMEN_PROFILE"
 _marks: dict[str, tuple[float, float]] = {}

@@ -42,10 +42,10 @@ import time
 from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
 
+from app import FORKED_AT_ENV  # set in each task child: app.message_cost splits its cost from there
+
 STAMEN_PACKAGES = ("app", "clients", "strategies", "datasets")
 TASK_NAME = b"stamen-task"  # the task child's name in ps/top (/proc/<pid>/comm)
-# Set in each task child: app.message_cost splits the child's cost from there (its CPU clock starts at 0 with the fork).
-FORKED_AT_ENV = "STAMEN_FORKED_AT"
 # What the warm path takes from Flower's internals; warm_path_problem() checks every item.
 RUN_CLIENTAPP_PARAMETERS = ("runtime_api_address", "token", "insecure", "certificates", "parent_pid",
                             "runtime_dependency_install")

@@ -45,3 +45,35 @@ def test_imports_follow_the_dependency_direction(module, path):
         bad = [n for n in imported if n.startswith("strategies") and not n.startswith("strategies.contracts")]
         assert not bad, f"{module} imports {bad}; clients import only strategies.contracts"
     assert not [name for name in imported if name.split(".")[0] == "flwr_datasets"], "flwr_datasets would be shadowed"
+
+
+def app_imports(path: Path, app_modules: set[str]) -> set[str]:
+    """The app modules ``path`` imports: its import statements, anywhere in the file, and ``import_module("app.x")``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "app":
+            found |= {f"app.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module":
+            found |= {arg.value for arg in node.args if isinstance(arg, ast.Constant)}
+    found |= set(imports_of(path))
+    return found & app_modules
+
+
+def test_the_app_package_has_no_import_cycles():
+    paths = {f"app.{path.stem}": path for path in (REPO / "app").glob("*.py") if path.stem != "__init__"}
+    graph = {module: app_imports(path, set(paths)) for module, path in paths.items()}
+    cycles = []
+
+    def visit(module: str, trail: list[str]) -> None:
+        for imported in sorted(graph[module]):
+            if imported in trail:
+                cycles.append(" -> ".join([*trail[trail.index(imported):], imported]))
+            elif imported not in done:
+                visit(imported, [*trail, imported])
+        done.add(module)
+
+    done: set[str] = set()
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    assert not cycles, f"app/ must read top-down; import cycles: {sorted(set(cycles))}"
