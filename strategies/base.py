@@ -122,7 +122,8 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, ReplyScreen, RunWatch, RunCh
         self.method = settings.method
         self.recorder = recorder if recorder is not None else NullRecorder()
         self.central_evaluation = central_evaluation
-        self.nodes = NodeDirectory()
+        self.nodes = NodeDirectory(reply_s=settings.run.preflight_timeout)
+        self.failure_groups: list[dict] = []  # why the run could not start, by cause (summary.json)
         self.global_parameters = initial_parameters
         self.global_model = parameters_to_ndarrays(initial_parameters)  # decoded once, kept decoded
         self.shapes = [a.shape for a in self.global_model]

@@ -90,6 +90,7 @@ class FlowerApi:
                                                 sample=self.settings.run.preflight_sample, seed=self.settings.run.seed)
             except PreflightError as err:
                 self._log_preflight(err, ERROR, "")
+                self.failure_groups = err.groups
                 raise
             if left_out is not None:
                 self._log_preflight(left_out, WARNING, "left out: ")

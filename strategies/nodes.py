@@ -42,11 +42,18 @@ from strategies.contracts.common import (
     TEST_CLASSES,
     TRAIN_CLASSES,
 )
+from strategies.failures import cause_of
 
 WAIT_S = 600  # how long to wait for nodes to connect
-REPLY_S = 300  # a node that has not answered by then counts as unable to start
+REPLY_S = 300  # a node that has not answered the preflight by then cannot start (run config key preflight-timeout)
+# ... plus this much per node asked beyond REPLY_NODES: a simulation's workers answer the nodes a few at a time, each
+# first message loading the node's data, so the preflight of a large federation on a small machine takes longer
+REPLY_S_PER_NODE, REPLY_NODES = 2.0, 100
+REPLY_KEY = "preflight-timeout"
+NO_REPLY = "sent no reply within"
 WORKERS = 8
 LISTED_NODES = 10  # the preflight logs one line per node up to this many, else a summary line
+LISTED_CLIENTS = 6  # a failure group names this many clients (partitions as ranges), then "..."
 STALE = "stale code"  # the preflight detail of a node refused for running other stamen code
 RUN_HINT = (
     ": a run must not mix two versions of stamen. With `flwr run .` this means a local SuperLink started in another "
@@ -62,8 +69,9 @@ class NodeDirectory:
     ``excluded`` holds the nodes left out of the run (node id -> why).
     """
 
-    def __init__(self, *, code: dict[str, str] | None = None) -> None:
+    def __init__(self, *, code: dict[str, str] | None = None, reply_s: float = 0.0) -> None:
         self.code = code if code is not None else code_identity()  # the server's: every node must run the same
+        self.reply_s = reply_s  # the run's preflight-timeout (0: reply_seconds decides by the nodes asked)
         self.properties: dict[str, dict[str, Scalar]] = {}
         self.excluded: dict[str, str] = {}
         self.sampled: list[dict[str, Scalar]] = []  # a sampled preflight's answers (the data report's sample)
@@ -100,20 +108,20 @@ class NodeDirectory:
         proxies = list(client_manager.all().values())
         if 0 < sample < len(proxies) and self._sampled_preflight(proxies, config, sample, seed):
             return None
-        answers = [self.screen_code(a) for a in _ask(proxies, config)]
+        answers = [self.screen_code(a) for a in _ask(proxies, config, reply_seconds(self.reply_s, len(proxies)))]
         problems = [(p, a) for p, a in zip(proxies, answers, strict=True) if problem_of(a) is not None]
         own_data = [(p, a) for p, a in problems if scope_of(a) == "node"]
         if len(problems) > len(own_data) or (own_data and len(own_data) == len(proxies)):
             lines = condensed(problems, len(proxies))
             if problems == own_data:
                 lines.append("no node is left to train")
-            raise PreflightError(lines, details(problems))
+            raise PreflightError(lines, details(problems), failure_groups(problems, len(proxies)))
         self.excluded.update({p.cid: problem_of(a) or "" for p, a in own_data})
         self.admit([(p, a) for p, a in zip(proxies, answers, strict=True) if problem_of(a) is None])
         log(INFO, "preflight: %d of %d connected clients accept the config", len(proxies) - len(own_data),
             len(proxies))  # fmt: skip
         warn_of_batch(config, answers)
-        return PreflightError(condensed(own_data, len(proxies)), details(own_data)) if own_data else None
+        return preflight_error(own_data, len(proxies)) if own_data else None
 
     def _sampled_preflight(self, proxies: list[ClientProxy], config: dict[str, Scalar], sample: int, seed: int) -> bool:
         """Ask ``sample`` nodes (seeded); if they are simulated slices of one dataset, number every node and say so.
@@ -134,10 +142,10 @@ class NodeDirectory:
         ordered = sorted(proxies, key=lambda proxy: proxy.cid)
         chosen = np.random.default_rng([seed, 7]).choice(len(ordered), size=sample, replace=False)
         asked = [ordered[i] for i in sorted(chosen)]
-        answers = [self.screen_code(a) for a in _ask(asked, config)]
+        answers = [self.screen_code(a) for a in _ask(asked, config, reply_seconds(self.reply_s, len(asked)))]
         problems = [(p, a) for p, a in zip(asked, answers, strict=True) if problem_of(a) is not None]
         if problems:
-            raise PreflightError(condensed(problems, len(asked)), details(problems))
+            raise preflight_error(problems, len(asked))
         if any(a.get(DATA_DIR) or int(a.get(NUM_PARTITIONS, 0)) != len(ordered) for a in answers):
             log(INFO, "preflight: the nodes asked hold their own data or another number of partitions than the %d "
                 "connected; asking every node", len(ordered))  # fmt: skip
@@ -195,10 +203,10 @@ class NodeDirectory:
             proxies = self._not_excluded(client_manager)
         new = [proxy for cid, proxy in proxies.items() if cid not in self.properties]
         usable = []
-        answers = [self.screen_code(a) for a in _ask(new, {})]
+        answers = [self.screen_code(a) for a in _ask(new, {}, reply_seconds(self.reply_s, len(new)))]
         stale = [(p, a) for p, a in zip(new, answers, strict=True) if is_stale_run(a)]
         if stale:  # without a preflight, round 1 is where a run that mixes two stamens is found: it stops here
-            raise MixedCodeError(condensed(stale, len(new)), details(stale))
+            raise preflight_error(stale, len(new), MixedCodeError)
         for proxy, answer in zip(new, answers, strict=True):
             problem = problem_of(answer)
             if problem is None:
@@ -304,7 +312,17 @@ def data_lines(report: list[dict[str, object]]) -> list[str]:
     return lines
 
 
-def _ask(proxies: list[ClientProxy], config: dict[str, Scalar]) -> list[dict[str, Scalar] | Exception]:
+def reply_seconds(timeout: float, asked: int) -> float:
+    """Seconds the server waits for ``asked`` nodes' answers: ``timeout``, else the default scaled to ``asked``.
+
+    The default is ``REPLY_S`` plus ``REPLY_S_PER_NODE`` for each node beyond ``REPLY_NODES``.
+    """
+    return timeout if timeout > 0 else REPLY_S + REPLY_S_PER_NODE * max(0, asked - REPLY_NODES)
+
+
+def _ask(
+    proxies: list[ClientProxy], config: dict[str, Scalar], reply_s: float = REPLY_S
+) -> list[dict[str, Scalar] | Exception]:
     """Every proxy's properties, or the exception that came back instead (its reason travels in the message).
 
     Nodes reached through one Flower grid (every ServerApp's) are asked all at once:
@@ -314,11 +332,11 @@ def _ask(proxies: list[ClientProxy], config: dict[str, Scalar]) -> list[dict[str
     """
     grids = {id(p.grid) for p in proxies if isinstance(p, GridClientProxy)}
     if proxies and len(grids) == 1 and all(isinstance(p, GridClientProxy) for p in proxies):
-        return _ask_at_once(proxies, config)
+        return _ask_at_once(proxies, config, reply_s)
 
     def ask(proxy: ClientProxy) -> dict[str, Scalar] | Exception:
         try:
-            return dict(proxy.get_properties(GetPropertiesIns(config=config), timeout=REPLY_S, group_id=0).properties)
+            return dict(proxy.get_properties(GetPropertiesIns(config=config), timeout=reply_s, group_id=0).properties)
         except Exception as err:
             return err
 
@@ -328,7 +346,9 @@ def _ask(proxies: list[ClientProxy], config: dict[str, Scalar]) -> list[dict[str
         return list(pool.map(ask, proxies))
 
 
-def _ask_at_once(proxies: list[GridClientProxy], config: dict[str, Scalar]) -> list[dict[str, Scalar] | Exception]:
+def _ask_at_once(
+    proxies: list[GridClientProxy], config: dict[str, Scalar], reply_s: float
+) -> list[dict[str, Scalar] | Exception]:
     """The properties of every node behind one grid: one push of a message per node, one wait for all replies.
 
     The messages and the reading of the replies are those of Flower's
@@ -336,15 +356,16 @@ def _ask_at_once(proxies: list[GridClientProxy], config: dict[str, Scalar]) -> l
     """
     messages = [
         Message(content=compat.getpropertiesins_to_recorddict(GetPropertiesIns(config=config)),
-                dst_node_id=proxy.node_id, message_type=MessageTypeLegacy.GET_PROPERTIES, ttl=REPLY_S)
+                dst_node_id=proxy.node_id, message_type=MessageTypeLegacy.GET_PROPERTIES, ttl=reply_s)
         for proxy in proxies
     ]  # fmt: skip
-    replies = {reply.metadata.src_node_id: reply for reply in proxies[0].grid.send_and_receive(messages)}
+    received = proxies[0].grid.send_and_receive(messages, timeout=reply_s)
+    replies = {reply.metadata.src_node_id: reply for reply in received}
     answers: list[dict[str, Scalar] | Exception] = []
     for proxy in proxies:
         reply = replies.get(proxy.node_id)
         if reply is None:
-            answers.append(TimeoutError(f"node {proxy.node_id} sent no reply"))
+            answers.append(TimeoutError(f"{NO_REPLY} {reply_s:g} s"))  # the same text for every silent node: one cause
         elif reply.has_error():
             answers.append(ValueError(f"Message contains an Error (reason: {reply.error.reason}). It originated "
                                       "during client-side execution of a message."))  # fmt: skip
@@ -354,12 +375,16 @@ def _ask_at_once(proxies: list[GridClientProxy], config: dict[str, Scalar]) -> l
 
 
 class PreflightError(RuntimeError):
-    """Some nodes cannot start: ``lines`` has one line per distinct cause, ``detail`` every node's full report."""
+    """Some nodes cannot start: ``lines`` has one line per distinct cause, ``detail`` every node's full report.
 
-    def __init__(self, lines: list[str], detail: str) -> None:
+    ``groups`` holds the causes as data (:func:`failure_groups`), for ``summary.json``.
+    """
+
+    def __init__(self, lines: list[str], detail: str, groups: list[dict] | None = None) -> None:
         super().__init__("stamen preflight: " + "; ".join(lines))
         self.lines = lines
         self.detail = detail
+        self.groups = groups or []
 
 
 class MixedCodeError(PreflightError):
@@ -410,20 +435,46 @@ def ranges(numbers: list[int]) -> str:
     return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in spans)
 
 
-def condensed(problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]], asked: int) -> list[str]:
-    """One line per distinct cause: how many clients, which partitions (or nodes), and the cause."""
+def failure_groups(problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]], asked: int) -> list[dict]:
+    """The problems grouped by cause, most common first: ``cause``, ``count``, ``asked``, the first few ``clients``.
+
+    The cause is the problem's text with node ids taken out (:func:`strategies.failures.cause_of`),
+    so a hundred nodes failing the same way make one group whatever their ids.
+    """
     by_cause: dict[str, list[int | str]] = {}
     for proxy, answer in problems:
-        by_cause.setdefault(problem_of(answer) or "", []).append(_who(proxy, answer))
-    lines = []
+        by_cause.setdefault(cause_of(problem_of(answer) or ""), []).append(_who(proxy, answer))
+    groups = []
     for cause, who in sorted(by_cause.items(), key=lambda item: -len(item[1])):
         partitions = [w for w in who if isinstance(w, int)]
         plural = "s" if len(partitions) > 1 else ""
         named = [f"partition{plural} {ranges(partitions)}"] if partitions else []
         named += [w for w in who if isinstance(w, str)]
-        lines.append(f"{len(who)} of {asked} clients ({', '.join(named[:6])}{', ...' if len(named) > 6 else ''}): "
-                     f"{cause}")  # fmt: skip
-    return lines
+        groups.append({"cause": cause + _advice(cause, len(who), asked), "count": len(who), "asked": asked,
+                       "clients": named[:LISTED_CLIENTS] + (["..."] if len(named) > LISTED_CLIENTS else [])})
+    return groups
+
+
+def _advice(cause: str, silent: int, asked: int) -> str:
+    """What to do about a cause the server itself names (no reply within the wait)."""
+    if not cause.startswith(NO_REPLY):
+        return ""
+    return (f" ({asked - silent} of {asked} answered; run config key {REPLY_KEY!r} sets the wait: raise it on a "
+            "loaded machine or a large federation, where each node's first message imports torch and loads its data)")
+
+
+def preflight_error(
+    problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]], asked: int,
+    kind: type[PreflightError] | None = None,
+) -> PreflightError:
+    """The error (``kind``, default :class:`PreflightError`) for ``problems``: its lines, every report, its groups."""
+    return (kind or PreflightError)(condensed(problems, asked), details(problems), failure_groups(problems, asked))
+
+
+def condensed(problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]], asked: int) -> list[str]:
+    """One line per distinct cause: how many clients, which partitions (or nodes), and the cause."""
+    return [f"{g['count']} of {asked} clients ({', '.join(g['clients'])}): {g['cause']}"
+            for g in failure_groups(problems, asked)]  # fmt: skip
 
 
 def details(problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]]) -> str:

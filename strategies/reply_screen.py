@@ -15,6 +15,7 @@ from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 
 from strategies.contracts.payload import LAYOUT, MODEL, unpack
+from strategies.failures import group_by_cause
 from strategies.screening import Reply, extras_problem, fit_reply_problem, is_non_finite
 
 Failures = list[tuple[ClientProxy, FitRes] | tuple[ClientProxy, EvaluateRes] | BaseException]
@@ -55,10 +56,21 @@ class ReplyScreen:
         return sorted(replies, key=lambda reply: reply.partition), rejected + too_large
 
     def _record_failures(self, kind: str, server_round: int, failures: Failures) -> None:
-        for failure in failures:
-            log(WARNING, "round %s: %s failed: %s", server_round, kind, describe_failure(failure))
-        if failures:
-            self.record[f"{kind}-failures"] = [describe_failure(f)[:500] for f in failures]
+        """One log line per cause (a hundred nodes failing alike make one); every failure and the groups recorded."""
+        if not failures:
+            return
+        groups = group_by_cause((self._failed_who(f), describe_failure(f)) for f in failures)
+        for group in groups:
+            log(WARNING, "round %s: %s failed on %d client(s) (%s): %s", server_round, kind, group["count"],
+                ", ".join(group["clients"]), group["cause"])  # fmt: skip
+        self.record[f"{kind}-failures"] = [describe_failure(f)[:500] for f in failures]
+        self.record[f"{kind}-failure-groups"] = groups
+
+    def _failed_who(self, failure: object) -> str:
+        """The failed client's label where the failure names its node, else ``?`` (an exception names none)."""
+        if isinstance(failure, BaseException):
+            return "?"
+        return self.nodes.label(failure[0].cid)
 
 
 def describe_failure(failure: object) -> str:

@@ -110,6 +110,8 @@ class RunWatch:
                                   "nodes": self.nodes.data_report(self.class_names())}  # fmt: skip
         if self.nodes.excluded:
             out["nodes-left-out"] = dict(self.nodes.excluded)
+        if self.failure_groups:
+            out["failure-groups"] = self.failure_groups
         if ray_nodes := self.nodes.ray_nodes():
             out["ray-nodes"] = ray_nodes
         if self.nodes.sampled:

@@ -39,6 +39,7 @@ MAX_ROUNDS = 1_000_000
 MAX_STEPS = 1_000_000
 MAX_BATCH = 1_000_000
 MAX_EPOCHS = 10_000.0
+MAX_WAIT_S = 86_400.0  # a day: longer waits are typos
 MAX_REASONABLE_LOSS = 1e6  # cross-entropy of a uniform guess over 1e6 classes is ~14: beyond this a client is broken
 
 # Metric keys every client reports (strategies read the same names).
@@ -99,6 +100,9 @@ class RunSettings(KeyedSettings):
     preflight_sample: int = key(0, "ask only this many nodes in the preflight (0 = every node); with more nodes than "
                                 "this, the server numbers the nodes and each loads the partition it is sent",
                                 at_least=0, at_most=1_000_000)  # fmt: skip
+    preflight_timeout: float = key(0.0, "seconds the preflight waits for the nodes' answers (0 = 300, plus 2 for "
+                                   "every node asked beyond 100); a node silent by then cannot start",
+                                   at_least=0, at_most=MAX_WAIT_S)  # fmt: skip
     stop_after_nonfinite: int = key(3, "stop the run after this many consecutive rounds in which every fit reply was "
                                     "non-finite or no evaluation loss was finite (0 = never)", at_least=0,
                                     at_most=MAX_ROUNDS)  # fmt: skip

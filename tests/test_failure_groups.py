@@ -1,0 +1,92 @@
+"""Failures grouped by cause: a hundred nodes failing alike make one line, whatever their ids."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from conftest import FakeProxy, settings
+from flwr.common import ndarrays_to_parameters
+from flwr.server.client_manager import SimpleClientManager
+
+from strategies.failures import cause_of, group_by_cause
+from strategies.fedavg import FedAvg
+from strategies.nodes import NO_REPLY, REPLY_S, PreflightError, reply_seconds
+
+FLOWER = ("Message contains an Error (reason: <class 'flwr.common.ConfigError'>:<'run config key 'device': cuda is not "
+          "available on node {node}'>). It originated during client-side execution of a message.")
+
+
+def test_a_cause_is_the_text_without_node_ids_and_without_flowers_wrapping():
+    first, second = cause_of(FLOWER.format(node=4471907135514394871)), cause_of(FLOWER.format(node=17))
+    assert first == ("ConfigError: run config key 'device': cuda is not available on node <id> (raised in the "
+                     "ClientApp)")  # fmt: skip
+    assert second.endswith("on node 17 (raised in the ClientApp)")  # a short number is not a Flower node id
+    assert cause_of("node 9123456789012345678 sent no reply") == "node <id> sent no reply"
+
+
+def test_a_hundred_identical_failures_make_one_group_with_their_count():
+    failures = [(f"node {i}", FLOWER.format(node=10**17 + i)) for i in range(100)]
+    failures += [("node x", "ValueError: data-dir /d has no train/")]
+    groups = group_by_cause(failures)
+    assert [g["count"] for g in groups] == [100, 1]
+    assert groups[0]["clients"] == [f"node {i}" for i in range(6)] + ["..."]
+
+
+class SilentProxy(FakeProxy):
+    def get_properties(self, ins, timeout, group_id):
+        self.waited = timeout
+        raise TimeoutError(f"{NO_REPLY} {timeout:g} s")
+
+
+class CudaProxy(FakeProxy):
+    def get_properties(self, ins, timeout, group_id):
+        raise ValueError(FLOWER.format(node=10**17 + int(self.cid)))
+
+
+def strategy_of(**config):
+    return FedAvg(settings=settings(strategy="fedavg", **config), initial_parameters=ndarrays_to_parameters([]))
+
+
+@pytest.mark.parametrize("proxy", [CudaProxy, SilentProxy])
+def test_a_preflight_of_a_hundred_nodes_failing_alike_says_so_in_one_line_and_keeps_the_group(proxy, caplog):
+    strategy = strategy_of(preflight_timeout=7.0)
+    manager = SimpleClientManager()
+    proxies = [proxy(str(i)) for i in range(100)]
+    for p in proxies:
+        manager.register(p)
+    with caplog.at_level(logging.INFO), pytest.raises(PreflightError) as raised:
+        strategy.initialize_parameters(manager)
+    assert len(raised.value.lines) == 1 and raised.value.lines[0].startswith("100 of 100 clients (node 0, node 1")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("preflight: 100 of 100")]
+    assert len(lines) == 1, caplog.text
+    groups = strategy.summary("failed")["failure-groups"]
+    assert [(g["count"], g["asked"]) for g in groups] == [(100, 100)]
+    if proxy is SilentProxy:
+        assert proxies[0].waited == 7.0  # the run's preflight-timeout
+        assert groups[0]["cause"].startswith("sent no reply within 7 s (0 of 100 answered; run config key "
+                                              "'preflight-timeout' sets the wait")  # fmt: skip
+    else:
+        assert "cuda is not available on node <id>" in groups[0]["cause"]
+
+
+def test_the_default_wait_grows_with_the_nodes_asked():
+    assert reply_seconds(0.0, 10) == reply_seconds(0.0, 100) == REPLY_S
+    assert reply_seconds(0.0, 600) == REPLY_S + 2 * 500
+    assert reply_seconds(45.0, 600) == 45.0
+
+
+def test_fit_failures_of_many_clients_log_one_line_per_cause(caplog):
+    strategy = strategy_of()
+    manager = SimpleClientManager()
+    for i in range(3):
+        manager.register(FakeProxy(str(i)))
+    strategy.configure_fit(1, strategy.global_parameters, manager)
+    failures = [RuntimeError("CUDA error: out of memory")] * 40 + [TimeoutError("timed out")] * 2
+    with caplog.at_level(logging.WARNING):
+        strategy.aggregate_fit(1, [], failures)
+    lines = [r.getMessage() for r in caplog.records if "fit failed" in r.getMessage()]
+    assert lines == ["round 1: fit failed on 40 client(s) (?, ?, ?, ?, ?, ?, ...): RuntimeError: CUDA error: out of "
+                     "memory", "round 1: fit failed on 2 client(s) (?, ?): TimeoutError: timed out"]  # fmt: skip
+    assert [g["count"] for g in strategy.record["fit-failure-groups"]] == [40, 2]
+    assert len(strategy.record["fit-failures"]) == 42
