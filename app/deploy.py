@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -210,6 +211,10 @@ class LocalDeployment:
         Start each SuperNode as a warm device (``python -m app.device``: the SuperNode
         beside a SuperExec that forks each message's ClientApp from a process that
         imported torch once) instead of ``flower-supernode`` alone.
+    devices
+        Partition -> the command that starts that node as a device of its own, given the
+        SuperNode's options (``["/venv/bin/stamen-device"]``: stamen installed there, no
+        clone). It runs in an empty folder of its own, without the app's folder on its path.
 
     """
 
@@ -223,6 +228,7 @@ class LocalDeployment:
         workdir: Path | None = None,
         node_data: list[Path] | None = None,
         warm: bool = False,
+        devices: Mapping[int, Sequence[str]] | None = None,
     ) -> None:
         if num_nodes < 1:
             raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
@@ -231,6 +237,7 @@ class LocalDeployment:
         self.node_data = [Path(folder).resolve() for folder in node_data] if node_data else None
         self.app_dir = Path(app_dir).resolve()
         self.num_nodes, self.tls, self.node_auth, self.warm = num_nodes, tls, node_auth, warm
+        self.devices = {int(k): list(v) for k, v in (devices or {}).items()}
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="stamen-deploy-")
         self.workdir = Path(workdir or self._tmp.name).resolve()
         self.home = self.workdir / "flwr-home"
@@ -287,12 +294,13 @@ class LocalDeployment:
             lines.append("insecure = true")
         (self.home / "config.toml").write_text("\n".join(lines) + "\n")
 
-    def _spawn(self, name: str, command: list[str], *, env: dict[str, str] | None = None) -> Started:
+    def _spawn(self, name: str, command: list[str], *, env: dict[str, str] | None = None,
+               cwd: Path | None = None) -> Started:  # fmt: skip
         log_path = self.logs / f"{name}.log"
         handle = log_path.open("ab")
         # A new session per process: stopping its group also stops the ServerApp /
         # ClientApp subprocesses it started.
-        process = subprocess.Popen(command, env=env or self.env, cwd=self.workdir, stdout=handle,
+        process = subprocess.Popen(command, env=env or self.env, cwd=cwd or self.workdir, stdout=handle,
                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         handle.close()
         return Started(name=name, command=command, log_path=log_path, process=process)
@@ -308,6 +316,8 @@ class LocalDeployment:
             options += ["--root-certificates", str(self.certificates.ca_cert)]
         if key:
             options += ["--auth-supernode-private-key", str(key.private)]
+        if partition in self.devices:  # a device of its own: it picks its Runtime API port itself
+            return [*self.devices[partition], *options]
         if self.warm:  # the device picks the port of its SuperNode's Runtime API itself
             return [sys.executable, "-m", "app.device", *options]
         return ["flower-supernode", *options, "--port", str(free_port())]
@@ -327,7 +337,12 @@ class LocalDeployment:
                 self.flwr(["supernode", "register", str(key.public), CONNECTION])
         # a warm device runs stamen's app.device from the app's folder (stamen's packages are not installed)
         env = {**self.env, "PYTHONPATH": str(self.app_dir)} if self.warm else None
-        node = self._spawn(name, self.node_command(partition, key=key), env=env)
+        cwd = None
+        if partition in self.devices:  # an installed device: no clone on its path, an empty folder to run in
+            env = {k: v for k, v in self.env.items() if k != "PYTHONPATH"}
+            cwd = self.workdir / f"device-{partition}"
+            cwd.mkdir(parents=True, exist_ok=True)
+        node = self._spawn(name, self.node_command(partition, key=key), env=env, cwd=cwd)
         if name == f"supernode-{partition}":
             self.nodes[partition] = node
         else:

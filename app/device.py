@@ -1,5 +1,6 @@
 r"""Start one device (a SuperNode) whose ClientApp pays for torch's import once, not per message.
 
+    stamen-device --superlink <host>:9092 ...      # installed (pip install stamen's wheel): from any folder
     python -m app.device --superlink <host>:9092 --root-certificates ca.crt \\
         --auth-supernode-private-key keys/device-0 --node-config "data-dir='/data/mine'"
 
@@ -29,11 +30,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from app.launcher import free_port
 from app.warm_exec import die_with_parent
 
 RESERVED = ("--isolation", "--port", "--host")  # the device sets these for the SuperNode-SuperExec link
+# app.warm_exec in a clone, stamen.app.warm_exec installed: the package this module was imported from
+WARM_EXEC = f"{__package__}.warm_exec"
 
 
 def commands(supernode_args: list[str], *, port: int, parent_pid: int, cold: bool = False) -> list[list[str]]:
@@ -53,14 +57,20 @@ def commands(supernode_args: list[str], *, port: int, parent_pid: int, cold: boo
     if cold:
         return [["flower-supernode", *supernode_args]]
     node = ["flower-supernode", *supernode_args, "--isolation", "process", "--host", "127.0.0.1", "--port", str(port)]
-    executor = [sys.executable, "-m", "app.warm_exec", "--insecure", "--runtime-api-address", f"127.0.0.1:{port}",
+    executor = [sys.executable, "-m", WARM_EXEC, "--insecure", "--runtime-api-address", f"127.0.0.1:{port}",
                 "--parent-pid", str(parent_pid)]  # fmt: skip
     return [node, executor]
 
 
-def main(argv: list[str] | None = None) -> int:
+def console() -> int:
+    """``stamen-device``, the installed package's console script: :func:`main` under the command as typed."""
+    return main(prog=Path(sys.argv[0]).name)
+
+
+def main(argv: list[str] | None = None, *, prog: str = "") -> int:
     """Start the device's processes and keep them up until a signal or until one of them exits."""
-    parser = argparse.ArgumentParser(prog="python -m app.device", description=__doc__.split("\n")[0],
+    prog = prog or f"python -m {__package__}.device"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0],
                                      epilog="Every other option goes to flower-supernode unchanged.")  # fmt: skip
     parser.add_argument("--cold", action="store_true", help="Flower's own executor: a fresh process per message")
     parser.add_argument("--runtime-port", type=int, default=0, help="the SuperNode's Runtime API port (default: free)")

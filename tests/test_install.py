@@ -6,6 +6,7 @@ and ``datasets`` under ``stamen/`` and rewrites their imports (docs/installing.m
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from app.launcher import LocalSimulation
+from app.launcher import FINISHED_OK, LocalSimulation
 from hatch_build import PACKAGES, rewrite_imports
 
 
@@ -150,3 +151,36 @@ def test_flwr_datasets_survives_installing_stamen_and_the_quick_start_job_finish
                           extra_federation="client-resources-num-cpus=1", timeout_s=900)  # fmt: skip
     assert outcome.ok, outcome.log_tail
     assert "final: perfedavg: 20 rounds" in outcome.log and "final personalised accuracy 0." in outcome.log
+
+
+@pytest.mark.e2e
+def test_a_device_from_the_installed_wheel_alone_joins_a_tls_deployment(tmp_path):
+    """stamen-device from a fresh virtual environment holding only the wheel, in an empty folder, beside a SuperNode."""
+    from app.deploy import LocalDeployment
+
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
+                    str(REPO)], check=True, capture_output=True, timeout=600)  # fmt: skip
+    venv = tmp_path / "venv"
+    # torch, flwr and the rest come from the system site-packages (the registry's torch is capped and on disk); the
+    # wheel goes into the venv itself, over whatever stamen the system may hold
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    python = _venv_python(venv)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed",
+                    *map(str, wheels.glob("stamen-*.whl"))], check=True, capture_output=True, timeout=600)  # fmt: skip
+    device = python.parent / "stamen-device"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    usage = subprocess.run([str(device), "--help"], cwd=empty, capture_output=True, text=True, timeout=120)
+    assert usage.returncode == 0 and usage.stdout.startswith("usage: stamen-device "), usage.stderr[-2000:]
+    results = tmp_path / "results"
+    config = {"strategy": "fedavg", "num-server-rounds": 2, "partitioner": "iid", "results-dir": str(results),
+              "run-name": "installed-device"}  # fmt: skip
+    with LocalDeployment(app_dir=REPO, num_nodes=2, tls=True, devices={0: [str(device)]},
+                         workdir=tmp_path / "deployment") as deployment:  # fmt: skip
+        outcome = deployment.run(config, timeout_s=600)
+        device_log = deployment.nodes[0].log_path.read_text(errors="replace")
+    assert outcome.status == FINISHED_OK, outcome.log[-3000:]
+    assert f"{python} -m stamen.app.warm_exec" in device_log, device_log[-3000:]  # the installed warm executor
+    summary = json.loads((results / "installed-device" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["final"]["clients-succeeded"] == 2
