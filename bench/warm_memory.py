@@ -1,0 +1,119 @@
+"""What a warm device costs in memory: its fork server and one task child, shared pages counted once (PSS).
+
+A local deployment of warm devices (``python -m app.device``, the SuperNode beside the warm
+SuperExec), each on a partition of the embedded data; while a run trains, every process of
+each device is sampled five times a second from ``/proc/<pid>/smaps_rollup`` and sorted by
+role: the SuperNode, the SuperExec (``app.warm_exec``), its **fork server** (the process
+that imported torch and stamen once) and the **task children** it forks, one per message
+(``stamen-task``). PSS divides each shared page among the processes mapping it, so a task
+child's PSS is what it adds beside its fork server, and the sum over roles is what the
+device holds. Writes ``bench/results/warm_memory.{json,md}``.
+
+    python bench/warm_memory.py                 # cnn-small and fedavg-cnn, 2 devices, 3 rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from app.deploy import LocalDeployment  # noqa: E402
+from app.launcher import FINISHED_OK  # noqa: E402
+from app.warm_exec import TASK_NAME  # noqa: E402
+from bench.deploy_cost import _memory, _stat, _trees  # noqa: E402
+
+MODELS = ("cnn-small", "fedavg-cnn")
+ROLES = ("supernode", "superexec", "fork server", "task child")
+SAMPLE_EVERY_S = 0.2
+
+
+def role_of(pid: int, root: int, tree: set[int]) -> str:
+    """The role of ``pid`` in the device whose ``app.device`` process is ``root``."""
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_bytes().strip()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        parent = int(_stat(pid)[1])
+    except (OSError, ValueError, IndexError):
+        return ""
+    if comm == TASK_NAME:
+        return "task child"
+    if b"flower-supernode" in command:
+        return "supernode"
+    if b"warm_exec" in command:
+        return "superexec" if parent == root else "fork server"  # the fork server is forked from the SuperExec
+    return "" if pid == root else "other"
+
+
+class RoleSampler:
+    """The largest PSS and RSS (MiB) seen of one process of each role, over every device."""
+
+    def __init__(self, roots: list[int]) -> None:
+        self.roots, self.stop = roots, threading.Event()
+        self.peak = {role: {"pss": 0.0, "rss": 0.0} for role in (*ROLES, "other")}
+        self.device = {"pss": 0.0, "rss": 0.0}  # the largest whole-device sum
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> RoleSampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        while not self.stop.wait(SAMPLE_EVERY_S):
+            for root, tree in _trees(self.roots).items():
+                total = {"pss": 0.0, "rss": 0.0}
+                for pid in tree:
+                    role, memory = role_of(pid, root, tree), _memory(pid)
+                    for measure, value in memory.items():
+                        total[measure] += value
+                        if role:
+                            self.peak[role][measure] = max(self.peak[role][measure], value)
+                for measure, value in total.items():
+                    self.device[measure] = max(self.device[measure], value)
+
+
+def measure(model: str, nodes: int, rounds: int, work: Path) -> dict:
+    config = {"strategy": "fedavg", "model": model, "partitioner": "iid", "num-server-rounds": rounds,
+              "fraction-fit": 1.0, "eval-every": rounds, "min-fit-clients": nodes, "results-dir": str(work / "results"),
+              "run-name": model}  # fmt: skip
+    with LocalDeployment(app_dir=REPO, num_nodes=nodes, warm=True, workdir=work / model) as deployment:
+        roots = [node.process.pid for node in deployment.nodes.values()]
+        with RoleSampler(roots) as sampler:
+            outcome = deployment.run(config, timeout_s=900)
+    if outcome.status != FINISHED_OK:
+        raise RuntimeError(f"{model}: the run ended {outcome.status}:\n{outcome.log[-3000:]}")
+    return {"model": model, "roles": sampler.peak, "device": sampler.device}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "warm_memory.json")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        rows = [measure(model, args.nodes, args.rounds, Path(work)) for model in MODELS]
+    args.out.write_text(json.dumps({"nodes": args.nodes, "rounds": args.rounds, "rows": rows}, indent=2) + "\n")
+    lines = ["| model | fork server PSS MiB (RSS) | one task child PSS (RSS) | SuperExec PSS | SuperNode PSS | "
+             "whole device, peak PSS (RSS) |", "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for row in rows:
+        r = row["roles"]
+        lines.append(f"| {row['model']} | {r['fork server']['pss']:.0f} ({r['fork server']['rss']:.0f}) | "
+                     f"{r['task child']['pss']:.0f} ({r['task child']['rss']:.0f}) | {r['superexec']['pss']:.0f} | "
+                     f"{r['supernode']['pss']:.0f} | {row['device']['pss']:.0f} ({row['device']['rss']:.0f}) |")
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
