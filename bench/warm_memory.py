@@ -18,7 +18,6 @@ import argparse
 import json
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +26,7 @@ sys.path.insert(0, str(REPO))
 from app.deploy import LocalDeployment  # noqa: E402
 from app.launcher import FINISHED_OK  # noqa: E402
 from app.warm_exec import TASK_NAME  # noqa: E402
-from bench.deploy_cost import _memory, _stat, _trees  # noqa: E402
+from bench.deploy_cost import MemorySampler, _memory, _stat, _trees  # noqa: E402
 
 MODELS = ("cnn-small", "fedavg-cnn")
 ROLES = ("supernode", "superexec", "fork server", "task child")
@@ -51,22 +50,13 @@ def role_of(pid: int, root: int, tree: set[int]) -> str:
     return "" if pid == root else "other"
 
 
-class RoleSampler:
-    """The largest PSS and RSS (MiB) seen of one process of each role, over every device."""
+class RoleSampler(MemorySampler):
+    """The largest PSS and RSS (MiB) seen of one process of each role, over every device, and of a whole device."""
 
     def __init__(self, roots: list[int]) -> None:
-        self.roots, self.stop = roots, threading.Event()
-        self.peak = {role: {"pss": 0.0, "rss": 0.0} for role in (*ROLES, "other")}
-        self.device = {"pss": 0.0, "rss": 0.0}  # the largest whole-device sum
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> RoleSampler:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
+        super().__init__(roots)
+        self.peak_of_role = {role: {"pss": 0.0, "rss": 0.0} for role in (*ROLES, "other")}
+        self.device = {"pss": 0.0, "rss": 0.0}
 
     def _run(self) -> None:
         while not self.stop.wait(SAMPLE_EVERY_S):
@@ -77,7 +67,7 @@ class RoleSampler:
                     for measure, value in memory.items():
                         total[measure] += value
                         if role:
-                            self.peak[role][measure] = max(self.peak[role][measure], value)
+                            self.peak_of_role[role][measure] = max(self.peak_of_role[role][measure], value)
                 for measure, value in total.items():
                     self.device[measure] = max(self.device[measure], value)
 
@@ -92,7 +82,7 @@ def measure(model: str, nodes: int, rounds: int, work: Path) -> dict:
             outcome = deployment.run(config, timeout_s=900)
     if outcome.status != FINISHED_OK:
         raise RuntimeError(f"{model}: the run ended {outcome.status}:\n{outcome.log[-3000:]}")
-    return {"model": model, "roles": sampler.peak, "device": sampler.device}
+    return {"model": model, "roles": sampler.peak_of_role, "device": sampler.device}
 
 
 def main() -> None:
