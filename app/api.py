@@ -6,6 +6,8 @@ documents it with a complete app (``examples/own-app``).
 
 The two entry points build a Flower ``ServerApp`` and ``ClientApp`` for any registered
 method from the app's own network and data; stamen's own app is built with them too.
+``METHODS`` maps each method's name (the ``strategy`` key's value) to its ``Method``: its
+strategy class, its client class and its keys (:func:`method` looks one up by name).
 """
 
 from __future__ import annotations

@@ -77,7 +77,11 @@ def test_the_public_surface_names_the_methods_the_parser_and_the_two_entry_point
     names = set(app.api.__all__)
     assert {"METHODS", "method", "parse_settings", "build_server_app", "build_client_app"} <= names
     for name in app.api.__all__:
-        assert getattr(app.api, name).__doc__, f"{name} has no docstring"
+        value = getattr(app.api, name)
+        if callable(value):  # classes and functions carry their own docstring
+            assert value.__doc__ and value.__doc__ is not type.__doc__, f"{name} has no docstring"
+        else:  # a registry (METHODS) is explained by the module's docstring
+            assert f"``{name}``" in app.api.__doc__, f"{name} is not explained in app/api.py's docstring"
     fedprox = app.api.method("fedprox")
     assert (fedprox.strategy.__name__, fedprox.client.__name__) == ("FedProx", "FedProxClient")
     assert "fedprox-mu" in fedprox.keys and "local-steps" in fedprox.keys
