@@ -133,7 +133,10 @@ def test_flwr_datasets_survives_installing_stamen_and_the_quick_start_job_finish
         [python, "-m", "pip", "show", "-f", "stamen"], check=True, capture_output=True, text=True
     ).stdout
     listed = [line.strip() for line in files.split("Files:")[1].splitlines() if line.strip()]
-    assert {line.split("/")[0] for line in listed} == {"stamen", "stamen-0.1.0.dist-info"}, listed
+    scripts = [line for line in listed if line.startswith("../")]  # console scripts land in the environment's bin/
+    assert [Path(line).name for line in scripts] == ["stamen-device"], listed
+    packages = {line.split("/")[0] for line in listed if line not in scripts}
+    assert packages == {"stamen", "stamen-0.1.0.dist-info"}, listed
     check = (
         "import flwr_datasets, datasets; from flwr_datasets import FederatedDataset; "
         "from stamen.strategies.perfedavg import PerFedAvg; "
