@@ -1,7 +1,7 @@
 """An outside app's own pieces (its network, its data) turned into stamen's settings, on the server and the clients.
 
 :func:`app.server_app.build_server_app` and :func:`app.client_app.build_client_app` take
-them; both read the run config through :func:`run_settings`, so the server and every
+them; both read the run config through :meth:`OwnParts.settings`, so the server and every
 client agree on the model's name and card and on which keys are the app's own.
 """
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import TypeVar
+
+W = TypeVar("W")  # who failed: a label, or a partition number
 
 # Flower's wrapping of an exception raised in a ClientApp: the reason is "<class 'X'>:<'message'>"
 FLOWER_WRAPPED = re.compile(
@@ -35,10 +38,19 @@ def cause_of(text: str) -> str:
     return LONG_NUMBER.sub("<id>", text)
 
 
-def group_by_cause(failures: Iterable[tuple[str, str]], listed: int = 6) -> list[dict[str, object]]:
-    """``(who, failure text)`` pairs -> one group per cause, most common first: ``cause``, ``count``, first ``who``."""
-    groups: dict[str, list[str]] = {}
+def by_cause(failures: Iterable[tuple[W, str]]) -> list[tuple[str, list[W]]]:
+    """``(who, failure text)`` pairs -> ``(cause, every who)`` per cause (:func:`cause_of`), most common first."""
+    groups: dict[str, list[W]] = {}
     for who, text in failures:
         groups.setdefault(cause_of(text), []).append(who)
-    return [{"cause": cause, "count": len(who), "clients": who[:listed] + (["..."] if len(who) > listed else [])}
-            for cause, who in sorted(groups.items(), key=lambda item: -len(item[1]))]  # fmt: skip
+    return sorted(groups.items(), key=lambda item: -len(item[1]))
+
+
+def first_of(names: list[str], listed: int) -> list[str]:
+    """The first ``listed`` of ``names``, then ``"..."`` when there are more."""
+    return names[:listed] + (["..."] if len(names) > listed else [])
+
+
+def group_by_cause(failures: Iterable[tuple[str, str]], listed: int = 6) -> list[dict[str, object]]:
+    """``(who, failure text)`` pairs -> one group per cause, most common first: ``cause``, ``count``, first ``who``."""
+    return [{"cause": cause, "count": len(who), "clients": first_of(who, listed)} for cause, who in by_cause(failures)]

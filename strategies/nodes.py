@@ -42,7 +42,7 @@ from strategies.contracts.common import (
     TEST_CLASSES,
     TRAIN_CLASSES,
 )
-from strategies.failures import cause_of
+from strategies.failures import by_cause, first_of
 
 WAIT_S = 600  # how long to wait for nodes to connect
 REPLY_S = 300  # a node that has not answered the preflight by then cannot start (run config key preflight-timeout)
@@ -112,10 +112,11 @@ class NodeDirectory:
         problems = [(p, a) for p, a in zip(proxies, answers, strict=True) if problem_of(a) is not None]
         own_data = [(p, a) for p, a in problems if scope_of(a) == "node"]
         if len(problems) > len(own_data) or (own_data and len(own_data) == len(proxies)):
-            lines = condensed(problems, len(proxies))
+            groups = failure_groups(problems, len(proxies))
+            lines = condensed(groups)
             if problems == own_data:
                 lines.append("no node is left to train")
-            raise PreflightError(lines, details(problems), failure_groups(problems, len(proxies)))
+            raise PreflightError(lines, details(problems), groups)
         self.excluded.update({p.cid: problem_of(a) or "" for p, a in own_data})
         self.admit([(p, a) for p, a in zip(proxies, answers, strict=True) if problem_of(a) is None])
         log(INFO, "preflight: %d of %d connected clients accept the config", len(proxies) - len(own_data),
@@ -441,17 +442,14 @@ def failure_groups(problems: list[tuple[ClientProxy, dict[str, Scalar] | Excepti
     The cause is the problem's text with node ids taken out (:func:`strategies.failures.cause_of`),
     so a hundred nodes failing the same way make one group whatever their ids.
     """
-    by_cause: dict[str, list[int | str]] = {}
-    for proxy, answer in problems:
-        by_cause.setdefault(cause_of(problem_of(answer) or ""), []).append(_who(proxy, answer))
     groups = []
-    for cause, who in sorted(by_cause.items(), key=lambda item: -len(item[1])):
+    for cause, who in by_cause((_who(proxy, answer), problem_of(answer) or "") for proxy, answer in problems):
         partitions = [w for w in who if isinstance(w, int)]
         plural = "s" if len(partitions) > 1 else ""
         named = [f"partition{plural} {ranges(partitions)}"] if partitions else []
         named += [w for w in who if isinstance(w, str)]
         groups.append({"cause": cause + _advice(cause, len(who), asked), "count": len(who), "asked": asked,
-                       "clients": named[:LISTED_CLIENTS] + (["..."] if len(named) > LISTED_CLIENTS else [])})
+                       "clients": first_of(named, LISTED_CLIENTS)})  # fmt: skip
     return groups
 
 
@@ -468,13 +466,13 @@ def preflight_error(
     kind: type[PreflightError] | None = None,
 ) -> PreflightError:
     """The error (``kind``, default :class:`PreflightError`) for ``problems``: its lines, every report, its groups."""
-    return (kind or PreflightError)(condensed(problems, asked), details(problems), failure_groups(problems, asked))
+    groups = failure_groups(problems, asked)
+    return (kind or PreflightError)(condensed(groups), details(problems), groups)
 
 
-def condensed(problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]], asked: int) -> list[str]:
-    """One line per distinct cause: how many clients, which partitions (or nodes), and the cause."""
-    return [f"{g['count']} of {asked} clients ({', '.join(g['clients'])}): {g['cause']}"
-            for g in failure_groups(problems, asked)]  # fmt: skip
+def condensed(groups: list[dict]) -> list[str]:
+    """One line per group (:func:`failure_groups`): how many clients of those asked, which ones, and the cause."""
+    return [f"{g['count']} of {g['asked']} clients ({', '.join(g['clients'])}): {g['cause']}" for g in groups]
 
 
 def details(problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]]) -> str:
