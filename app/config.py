@@ -192,10 +192,14 @@ def model_layout(settings: Settings) -> ModelLayout:
     Raises
     ------
     ConfigError
-        If the model cannot be built for the run's data (a CNN on images that are not square).
+        If the model cannot be built for the run's data (a CNN on images that are not square),
+        or the data has no shape stamen can read (dataset ``app``: only an app's clients have it).
 
     """
-    input_shape, num_classes = dataset_shape(settings.data_spec())
+    try:
+        input_shape, num_classes = dataset_shape(settings.data_spec())
+    except ValueError as err:
+        raise ConfigError(f"run config key 'dataset': {err}") from err
     try:
         model = build_model(settings.training.model, input_shape=input_shape, num_classes=num_classes)
     except ValueError as err:

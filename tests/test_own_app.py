@@ -126,6 +126,8 @@ def test_the_checker_names_the_key_flower_would_refuse_with_code_15(capsys):
     assert "'num-server-round' is not declared" in capsys.readouterr().out
     assert main(["--app", str(EXAMPLE), "perfedavg-alhpa=0.1"]) == 1
     assert "stamen's key 'perfedavg-alpha' can be set once the app declares it" in capsys.readouterr().out
+    assert main(["dataset='app'"]) == 1  # stamen's own app has no data function: refused, not a traceback
+    assert "error: run config key 'dataset': dataset 'app' is an app's own data" in capsys.readouterr().out
     assert main(["--app", str(EXAMPLE), "strategy='ditto' dirichlet-alpha=0.1"]) == 0
     assert "the app's own keys ['data-dir'" not in capsys.readouterr().out  # data-dir is stamen's key too
 
