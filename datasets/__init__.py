@@ -5,8 +5,16 @@ the app directory is on ``sys.path``; never import the HuggingFace package here.
 """
 
 from datasets.base import ArraySource, ClientSplit, DataUnavailableError, NotEnoughDataError
-from datasets.local import USER_DATASETS, LocalDataError, class_counts, parse_classes, parse_shape
-from datasets.partition import PAPER_VARIANTS, PARTITIONERS, PartitionSpec, partition
+from datasets.feature_shift import FEATURE_SHIFTS
+from datasets.local import (
+    USER_DATASETS,
+    LocalDataError,
+    class_counts,
+    parse_channel_values,
+    parse_classes,
+    parse_shape,
+)
+from datasets.partition import PAPER_VARIANTS, PARTITIONERS, POOLED, PartitionSpec, partition
 from datasets.registry import (
     APP_DATA,
     DATASETS,
@@ -27,11 +35,13 @@ __all__ = [
     "APP_DATA",
     "DATASETS",
     "EMNIST_SPLITS",
+    "FEATURE_SHIFTS",
     "GENERATED",
     "NATURAL",
     "NEEDS_DATA_DIR",
     "PAPER_VARIANTS",
     "PARTITIONERS",
+    "POOLED",
     "ArraySource",
     "ClientData",
     "ClientSplit",
@@ -41,6 +51,7 @@ __all__ = [
     "USER_DATASETS",
     "class_counts",
     "load_node_data",
+    "parse_channel_values",
     "parse_classes",
     "parse_shape",
     "dataset_shape",

@@ -55,12 +55,15 @@ class ClientSplit:
     """Indices of one client's training and test examples.
 
     ``test_from_train`` is True when the test indices point into the training
-    arrays (a held-out fraction) rather than into the source's test set.
+    arrays (a held-out fraction) rather than into the source's test set; ``pooled``
+    when both point into the source's training and test arrays end to end (index
+    ``len(train_y) + i`` is test example ``i``), as PFLlib's splits pool them.
     """
 
     train: np.ndarray
     test: np.ndarray
     test_from_train: bool = False
+    pooled: bool = False
 
 
 class DataUnavailableError(FileNotFoundError):

@@ -16,7 +16,12 @@ import numpy as np
 
 from datasets.base import ArraySource, ClientSplit, NotEnoughDataError
 
-PARTITIONERS = ("iid", "dirichlet", "shards", "perfedavg-paper", "natural")
+PARTITIONERS = ("iid", "dirichlet", "shards", "perfedavg-paper", "natural", "pfllib-pathological", "pfllib-practical")
+# PFLlib's rules (its dataset_utils.separate_data, 'pat' and 'dir'): the source's test set is pooled with its
+# training set, the pool is split over the clients, and each client holds out test-fraction of its share (PFLlib: 25%)
+POOLED = ("pfllib-pathological", "pfllib-practical")
+# PFLlib's earlier rule for the practical split: every client holds one batch of 10 test examples at a 75/25 split
+PRACTICAL_MIN_EXAMPLES = 40
 PAPER_VARIANTS = ("standard", "diff-hetero")
 PAPER_CLASSES = 10
 DIRICHLET_MAX_DRAWS = 100
@@ -43,7 +48,11 @@ class PartitionSpec:
     classes_per_client
         Distinct classes each client holds under ``shards``.
     test_fraction
-        Per-client held-out fraction when the source has no test set.
+        Per-client held-out fraction when the source has no test set, and under the
+        pooled rules (``POOLED``), which ignore the source's own train/test boundary.
+    feature_shift
+        ``none``, or ``colour``: each client's images under a colour transform of its
+        own (:mod:`datasets.feature_shift`), applied when a client's arrays are taken.
 
     """
 
@@ -55,6 +64,7 @@ class PartitionSpec:
     concentration: float = 0.5
     classes_per_client: int = 2
     test_fraction: float = 0.2
+    feature_shift: str = "none"
 
 
 # --------------------------------------------------------------------------- rules
@@ -155,6 +165,77 @@ def hold_out(index_sets: list[np.ndarray], fraction: float, seed: int) -> list[C
     return splits
 
 
+def pathological_counts(class_sizes: np.ndarray, num_clients: int, classes_per_client: int, rng) -> np.ndarray:
+    """PFLlib's pathological rule: ``(clients, classes)`` example counts, ``classes_per_client`` classes a client.
+
+    Classes are dealt in order: class ``c`` goes to the first ``ceil(n / C * k)`` clients
+    that still lack classes, which split it unevenly: all but the last draw a count
+    uniformly from ``[size / holders / 10, size / holders)`` and the last takes the rest.
+    With 20 clients, 10 classes and 2 a client, clients 0-3 hold classes 0 and 1, 4-7
+    classes 2 and 3, and so on; the seed moves only the amounts.
+    """
+    num_classes = len(class_sizes)
+    if not 1 <= classes_per_client <= num_classes:
+        raise ValueError(f"classes-per-client must be in [1, {num_classes}], got {classes_per_client}")
+    wanted = np.full(num_clients, classes_per_client)
+    counts = np.zeros((num_clients, num_classes), dtype=np.int64)
+    for c, size in enumerate(class_sizes):
+        holders = np.flatnonzero(wanted > 0)[: math.ceil(num_clients / num_classes * classes_per_client)]
+        if len(holders) == 0:
+            continue  # every client has its classes: the rest of the classes go unused, as in PFLlib
+        share = size / len(holders)
+        low = max(int(share / 10), 1)
+        if share <= low:
+            raise NotEnoughDataError(f"class {c} has {size} examples for {len(holders)} clients; use fewer clients")
+        drawn = rng.integers(low, int(math.ceil(share)), size=len(holders) - 1)
+        counts[holders, c] = np.append(drawn, size - drawn.sum())
+        wanted[holders] -= 1
+    return counts
+
+
+def practical_index_sets(labels: np.ndarray, num_clients: int, concentration: float, rng) -> list[np.ndarray]:
+    """PFLlib's practical rule: per class a Dirichlet(``concentration``) draw over the clients still under N / n.
+
+    A client that already holds more than its even share ``N / n`` gets nothing more;
+    the whole draw repeats until every client holds ``PRACTICAL_MIN_EXAMPLES``.
+    """
+    if concentration <= 0:
+        raise ValueError(f"dirichlet-concentration must be > 0, got {concentration}")
+    even = len(labels) / num_clients
+    for _ in range(DIRICHLET_MAX_DRAWS):
+        held: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        sizes = np.zeros(num_clients, dtype=np.int64)
+        for c in np.unique(labels):
+            pool_c = rng.permutation(np.flatnonzero(labels == c))
+            drawn = rng.dirichlet(np.full(num_clients, concentration))
+            shares = drawn * (sizes < even)
+            if shares.sum() <= 0:  # the draw's mass fell on full clients only: PFLlib would divide by zero here
+                shares = drawn
+            bounds = (np.cumsum(shares / shares.sum()) * len(pool_c)).astype(int)[:-1]
+            for k, part in enumerate(np.split(pool_c, bounds)):
+                held[k].append(part)
+                sizes[k] += len(part)
+        if sizes.min() >= PRACTICAL_MIN_EXAMPLES:
+            return [np.sort(np.concatenate(parts)).astype(np.int64) for parts in held]
+    raise NotEnoughDataError(f"pfllib-practical left a client under {PRACTICAL_MIN_EXAMPLES} examples in "
+                             f"{DIRICHLET_MAX_DRAWS} draws ({num_clients} clients, {len(labels)} examples); use fewer "
+                             "clients or a larger dirichlet-concentration")  # fmt: skip
+
+
+def _pooled(source: ArraySource, spec: PartitionSpec) -> list[ClientSplit]:
+    """PFLlib's protocol: pool train and test, split the pool with its rule, hold out test-fraction per client."""
+    labels = np.concatenate([source.train_y, source.test_y])
+    _check_clients(spec.num_clients, len(labels), "examples")
+    rng = np.random.default_rng(spec.seed)
+    if spec.name == "pfllib-pathological":
+        counts = pathological_counts(np.bincount(labels, minlength=source.num_classes), spec.num_clients,
+                                     spec.classes_per_client, rng)  # fmt: skip
+        index_sets = split_by_counts(labels, counts, spec.seed, "pooled")
+    else:
+        index_sets = practical_index_sets(labels, spec.num_clients, spec.concentration, rng)
+    return [ClientSplit(s.train, s.test, pooled=True) for s in hold_out(index_sets, spec.test_fraction, spec.seed)]
+
+
 # --------------------------------------------------------------------------- entry
 
 
@@ -242,4 +323,6 @@ def partition(source: ArraySource, spec: PartitionSpec) -> tuple[ClientSplit, ..
         return tuple(_paper(source, spec))
     if spec.name == "natural":
         return tuple(_natural(source, spec))
+    if spec.name in POOLED:
+        return tuple(_pooled(source, spec))
     return tuple(_label_skew(source, spec))

@@ -15,6 +15,7 @@ import numpy as np
 
 from datasets.base import ArraySource, ClientSplit
 from datasets.embedded import load_mnist_5k
+from datasets.feature_shift import FEATURE_SHIFTS, colour_transform, shift_colours
 from datasets.leaf import FEMNIST_CLASSES, load_femnist
 from datasets.least_squares import DIMENSION as LEAST_SQUARES_DIMENSION
 from datasets.least_squares import make_least_squares
@@ -157,11 +158,28 @@ def load_client_data(data: DataSpec, split: PartitionSpec, partition_id: int) ->
         raise ValueError(f"partition-id {partition_id} is outside [0, {split.num_clients})")
     source = load_source(data)
     mine = load_partition(data, split)[partition_id]
-    test_x, test_y = (source.train_x, source.train_y) if mine.test_from_train else (source.test_x, source.test_y)
-    return ClientData(
-        train_x=source.train_x[mine.train],
-        train_y=source.train_y[mine.train],
-        test_x=test_x[mine.test],
-        test_y=test_y[mine.test],
-        num_classes=source.num_classes,
-    )
+    if mine.pooled:
+        (train_x, train_y), (test_x, test_y) = (pooled_take(source, mine.train), pooled_take(source, mine.test))
+    else:
+        train_x, train_y = source.train_x[mine.train], source.train_y[mine.train]
+        tests = (source.train_x, source.train_y) if mine.test_from_train else (source.test_x, source.test_y)
+        test_x, test_y = tests[0][mine.test], tests[1][mine.test]
+    if split.feature_shift == "colour":
+        transform = colour_transform(split.seed, partition_id)
+        train_x, test_x = shift_colours(train_x, transform), shift_colours(test_x, transform)
+    elif split.feature_shift != "none":
+        raise ValueError(f"feature-shift {split.feature_shift!r} is not one of {FEATURE_SHIFTS}")
+    return ClientData(train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y, num_classes=source.num_classes)
+
+
+def pooled_take(source: ArraySource, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Examples ``indices`` of the source's training and test sets end to end, without concatenating them."""
+    indices = np.asarray(indices, dtype=np.int64)
+    n_train = len(source.train_y)
+    in_train = indices < n_train
+    x = np.empty((len(indices), *source.train_x.shape[1:]), dtype=source.train_x.dtype)
+    y = np.empty(len(indices), dtype=source.train_y.dtype)
+    x[in_train], y[in_train] = source.train_x[indices[in_train]], source.train_y[indices[in_train]]
+    test = indices[~in_train] - n_train
+    x[~in_train], y[~in_train] = source.test_x[test], source.test_y[test]
+    return x, y
