@@ -200,11 +200,33 @@ def model_layout(settings: Settings) -> ModelLayout:
         input_shape, num_classes = dataset_shape(settings.data_spec())
     except ValueError as err:
         raise ConfigError(f"run config key 'dataset': {err}") from err
+    check_inputs(settings, input_shape)
     try:
         model = build_model(settings.training.model, input_shape=input_shape, num_classes=num_classes)
     except ValueError as err:
         raise ConfigError(f"run config key 'model': {err}") from err
     return layout_of(model)
+
+
+def check_inputs(settings: Settings, input_shape: tuple[int, ...]) -> None:
+    """``feature-shift`` and ``input-mean``/``input-std`` against the data's input shape (channels first).
+
+    Raises
+    ------
+    ConfigError
+        Naming the key: a colour shift of images that are not RGB, or another number of
+        channel values than the inputs have channels.
+
+    """
+    data = settings.data
+    channels = input_shape[0] if input_shape else 0
+    if data.feature_shift == "colour" and (len(input_shape) != 3 or channels != 3):
+        raise ConfigError(f"run config key 'feature-shift': 'colour' needs RGB images (3xHxW); dataset "
+                          f"{data.dataset!r} has inputs of shape {'x'.join(map(str, input_shape))}")  # fmt: skip
+    means, _ = data.normalisation()
+    if means and len(means) != channels:
+        raise ConfigError(f"run config key 'input-mean': {len(means)} values, but dataset {data.dataset!r} has "
+                          f"{channels} channels (inputs of shape {'x'.join(map(str, input_shape))})")  # fmt: skip
 
 
 def check_model(

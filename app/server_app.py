@@ -39,7 +39,8 @@ def central_evaluator(settings: Settings) -> Callable[[list[np.ndarray]], dict[s
     device = torch_device(settings.execution.device)
     model = build_model(settings.training.model, input_shape=source.input_shape, num_classes=source.num_classes)
     model.to(device)
-    test_x, test_y = to_tensor(source.test_x, device), torch.as_tensor(source.test_y, device=device)
+    test_x = to_tensor(source.test_x, device, settings.data.normalisation())
+    test_y = torch.as_tensor(source.test_y, device=device)
     keys = list(model.state_dict())
 
     def evaluate(arrays: list[np.ndarray]) -> dict[str, float]:

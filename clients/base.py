@@ -159,6 +159,7 @@ class TorchClient(NumPyClient):
             torch.set_num_threads(settings.execution.num_threads)
         self.training = settings.training
         self.method = settings.method
+        self.normalisation = settings.data.normalisation()
         self.seed = settings.run.seed
         self.tuned = settings.run.tune != "none"
         self.alignment: Alignment | None = None  # a tuned run's phi over this round's steps
@@ -181,9 +182,9 @@ class TorchClient(NumPyClient):
     def use_data(self, data: ClientData) -> None:
         """Hold ``data``'s arrays, on this client's device (and ``data`` itself, for its fingerprint)."""
         self.data = data
-        self.train_x = to_tensor(data.train_x, self.device)
+        self.train_x = to_tensor(data.train_x, self.device, self.normalisation)
         self.train_y = torch.as_tensor(data.train_y, device=self.device)
-        self.test_x = to_tensor(data.test_x, self.device)
+        self.test_x = to_tensor(data.test_x, self.device, self.normalisation)
         self.test_y = torch.as_tensor(data.test_y, device=self.device)
 
     # ------------------------------------------------------------------ hooks

@@ -359,10 +359,29 @@ def steps_for(num_examples: int, batch_size: int, local_steps: int, local_epochs
     return local_steps
 
 
-def to_tensor(x: np.ndarray, device: torch.device) -> Tensor:
-    """Inputs as float32 on ``device``; uint8 images are scaled to [0, 1]."""
+def to_tensor(
+    x: np.ndarray, device: torch.device, normalisation: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
+) -> Tensor:
+    """Inputs as float32 on ``device``; uint8 images are scaled to [0, 1], then normalised per channel.
+
+    ``normalisation`` is ``(means, stds)``, one value per channel (dimension 1), from
+    the run config's ``input-mean`` and ``input-std``; empty leaves the inputs as they are.
+
+    Raises
+    ------
+    ValueError
+        When the inputs have another number of channels than ``normalisation`` values.
+
+    """
     tensor = torch.from_numpy(np.ascontiguousarray(x))
     tensor = tensor.float().div_(255.0) if tensor.dtype == torch.uint8 else tensor.float()
+    means, stds = normalisation
+    if means:
+        if tensor.dim() < 2 or tensor.shape[1] != len(means):
+            raise ValueError(f"run config keys 'input-mean'/'input-std' give {len(means)} channel values, but one "
+                             f"input has shape {tuple(tensor.shape[1:])} (channels first)")  # fmt: skip
+        shape = (1, len(means)) + (1,) * (tensor.dim() - 2)
+        tensor = tensor.sub_(torch.tensor(means).view(shape)).div_(torch.tensor(stds).view(shape))
     return tensor.to(device)
 
 

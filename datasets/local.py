@@ -74,6 +74,26 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
+def parse_channel_values(text: str) -> tuple[float, ...]:
+    """``"0.49,0.48,0.45"`` -> ``(0.49, 0.48, 0.45)``: one number per input channel; ``""`` -> ``()``.
+
+    Raises
+    ------
+    ValueError
+        For anything but comma-separated finite numbers.
+
+    """
+    if not text.strip():
+        return ()
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError as err:
+        raise ValueError(f"{text!r} is not comma-separated numbers, one per channel (e.g. 0.49,0.48,0.45)") from err
+    if not all(np.isfinite(values)):
+        raise ValueError(f"{text!r} holds a non-finite value")
+    return values
+
+
 def load_user_data(kind: str, root: Path, classes: tuple[str, ...], input_shape: tuple[int, ...]) -> ArraySource:
     """The whole of ``root`` (train and test) as arrays, labels indexed by ``classes``.
 

@@ -14,6 +14,7 @@ from datasets import (
     APP_DATA,
     DATASETS,
     EMNIST_SPLITS,
+    FEATURE_SHIFTS,
     GENERATED,
     NATURAL,
     NEEDS_DATA_DIR,
@@ -22,6 +23,7 @@ from datasets import (
     USER_DATASETS,
     DataSpec,
     PartitionSpec,
+    parse_channel_values,
     parse_classes,
     parse_shape,
 )
@@ -128,9 +130,15 @@ class DataSettings(KeyedSettings):
     images_per_class: int = key(8, "perfedavg-paper: a (even)", at_least=2)
     paper_variant: str = key("standard", "perfedavg-paper: standard or diff-hetero (the second half drop a/2)",
                              choices=PAPER_VARIANTS)  # fmt: skip
-    dirichlet_concentration: float = key(0.5, "dirichlet: smaller means more label skew", above=0)
-    classes_per_client: int = key(2, "shards: distinct classes per client", at_least=1)
-    test_fraction: float = key(0.2, "per-client held-out share for data without a test set", above=0, below=1)
+    dirichlet_concentration: float = key(0.5, "dirichlet, pfllib-practical: smaller means more label skew", above=0)
+    classes_per_client: int = key(2, "shards, pfllib-pathological: distinct classes per client", at_least=1)
+    test_fraction: float = key(0.2, "per-client held-out share for data without a test set, and of each client's "
+                               "pooled share under pfllib-* (PFLlib: 0.25)", above=0, below=1)  # fmt: skip
+    feature_shift: str = key("none", "colour: each client's images under a colour transform of its own "
+                             "(FedBN's feature-shift setting; RGB images)", choices=FEATURE_SHIFTS)  # fmt: skip
+    input_mean: str = key("", "per-channel means subtracted from the inputs (images scaled to [0, 1]), e.g. "
+                          "\"0.4914,0.4822,0.4465\" (CIFAR-10); empty: none")  # fmt: skip
+    input_std: str = key("", "per-channel standard deviations the inputs are then divided by (with input-mean)")
     synthetic_alpha: float = key(1.0, "synthetic, least-squares: how much the local models differ", at_least=0)
     synthetic_beta: float = key(1.0, "synthetic, least-squares: how much the local inputs differ", at_least=0)
     classes: str = key("", "imagefolder, npz: the class names in label order (\"cat,dog,...\"), or a count (\"10\": "
@@ -159,9 +167,33 @@ class DataSettings(KeyedSettings):
         if self.partitioner == "natural" and self.dataset not in NATURAL:
             raise ConfigError(f"run config key 'partitioner': 'natural' needs a dataset with users, one of "
                               f"{list(NATURAL)}; dataset is {self.dataset!r}")  # fmt: skip
+        means, stds = self.normalisation()
+        if len(means) != len(stds):
+            raise ConfigError(f"run config keys 'input-mean' and 'input-std' must give as many values, one per "
+                              f"channel; got {len(means)} and {len(stds)}")  # fmt: skip
+        if any(value <= 0 for value in stds):
+            raise ConfigError(f"run config key 'input-std': {self.input_std!r} must be positive numbers")
         if self.partitioner == "perfedavg-paper" and self.images_per_class % 2:
             raise ConfigError(f"run config key 'images-per-class': {self.images_per_class} must be even "
                               "(users take a/2)")  # fmt: skip
+
+
+    def normalisation(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """``(means, stds)`` per channel from ``input-mean`` and ``input-std`` (``((), ())``: none).
+
+        Raises
+        ------
+        ConfigError
+            Naming the key whose value is not numbers.
+
+        """
+        values = []
+        for name, text in (("input-mean", self.input_mean), ("input-std", self.input_std)):
+            try:
+                values.append(parse_channel_values(text))
+            except ValueError as err:
+                raise ConfigError(f"run config key {name!r}: {err}") from err
+        return values[0], values[1]
 
 
 # Data keys that matter only for some values of another key: key -> (that key, the values it applies to).
@@ -172,8 +204,8 @@ DATA_KEY_SCOPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "synthetic-beta": ("dataset", GENERATED),
     "images-per-class": ("partitioner", ("perfedavg-paper",)),
     "paper-variant": ("partitioner", ("perfedavg-paper",)),
-    "dirichlet-concentration": ("partitioner", ("dirichlet",)),
-    "classes-per-client": ("partitioner", ("shards",)),
+    "dirichlet-concentration": ("partitioner", ("dirichlet", "pfllib-practical")),
+    "classes-per-client": ("partitioner", ("shards", "pfllib-pathological")),
     "classes": ("dataset", USER_DATASETS),
     "input-shape": ("dataset", USER_DATASETS),
 }
@@ -296,4 +328,4 @@ class Settings:
         return PartitionSpec(name=data.partitioner, num_clients=num_partitions, seed=self.run.seed,
                              images_per_class=data.images_per_class, paper_variant=data.paper_variant,
                              concentration=data.dirichlet_concentration, classes_per_client=data.classes_per_client,
-                             test_fraction=data.test_fraction)  # fmt: skip
+                             test_fraction=data.test_fraction, feature_shift=data.feature_shift)  # fmt: skip
