@@ -219,9 +219,16 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, ReplyScreen, RunWatch, RunCh
         """
         if not replies:
             return None, {}
+        return weighted_average_inplace([reply.arrays for reply in replies], self.averaging_weights(replies)), {}
+
+    def averaging_weights(self, replies: list[Reply]) -> list[float]:
+        """Each reply's weight in the round's average (``aggregation``): its example count, or 1 for every reply.
+
+        A method that averages more than the models (SCAFFOLD's control variates) averages
+        with these weights too, so that every average it keeps is of the same objective.
+        """
         by_examples = self.settings.run.aggregation == "examples"
-        weights = [reply.num_examples if by_examples else 1 for reply in replies]
-        return weighted_average_inplace([reply.arrays for reply in replies], weights), {}
+        return [float(reply.num_examples) if by_examples else 1.0 for reply in replies]
 
     def start(self) -> None:
         """Set-up once the nodes are known, before round 1 (``self.nodes.properties`` holds their answers)."""

@@ -19,7 +19,9 @@ class Scaffold(FederatedStrategy):
     it sets ``x <- x + eta_g (avg(y) - x)``, ``avg`` being the shared averaging
     (``aggregation``; uniform by default, as in the paper), and
     ``c <- c + |S| / N mean_S(delta-control)``, ``N`` being the partitions connected this
-    round. A reply without its ``delta-control``, or with a bad one, is rejected by the
+    round, ``mean_S`` weighing the replies as ``avg`` does (with ``aggregation = "examples"``
+    both are example-weighted, so that ``c`` tracks the gradient of the objective ``x``
+    descends). A reply without its ``delta-control``, or with a bad one, is rejected by the
     base's screening. The record adds ``scaffold-control-norm`` (``||c||``).
 
     A checkpoint does not keep ``c``: the clients' ``c_i`` live in ``Context.state``, which a
@@ -41,7 +43,11 @@ class Scaffold(FederatedStrategy):
             return None, {}
         share = len(replies) / max(len(self.connected_partitions), len(replies))  # |S| / N
         deltas = [reply.extras[DELTA_CONTROL] for reply in replies]
-        self.control = [c + share * np.mean(layer, axis=0, dtype=np.float64).astype(c.dtype)
+        # c estimates the gradient of the objective the models' average descends: the same weights for both
+        # (uniform: the paper's mean; examples: the example-weighted objective), or the correction pulls elsewhere
+        weights = np.asarray(self.averaging_weights(replies), dtype=np.float64)
+        weights /= weights.sum()
+        self.control = [c + share * np.tensordot(weights, np.asarray(layer, dtype=np.float64), axes=1).astype(c.dtype)
                         for c, layer in zip(self.control, zip(*deltas, strict=True), strict=True)]  # fmt: skip
         previous = self.global_shared
         averaged, extra = super().combine(server_round, replies)

@@ -78,8 +78,10 @@ def test_with_zero_controls_the_first_round_is_fedavgs_bit_for_bit():
         np.testing.assert_array_equal(a, b)
 
 
-def test_the_server_moves_x_by_eta_g_and_c_by_the_sampled_share_of_the_mean_delta():
-    run = InProcessRun(run_config=run_config("scaffold", **{"scaffold-server-lr": 0.5}), num_clients=4)
+@pytest.mark.parametrize("aggregation", ["uniform", "examples"])
+def test_the_server_moves_x_by_eta_g_and_c_by_the_sampled_share_of_the_mean_delta(aggregation):
+    run = InProcessRun(run_config=run_config("scaffold", **{"scaffold-server-lr": 0.5, "aggregation": aggregation}),
+                       num_clients=4)  # fmt: skip
     strategy = run.strategy
     before = [a.copy() for a in strategy.global_model]
     control = [c.copy() for c in strategy.control]
@@ -88,10 +90,13 @@ def test_the_server_moves_x_by_eta_g_and_c_by_the_sampled_share_of_the_mean_delt
     assert all(ins.config["payload"] == f"model:{arrays} control:{arrays}" for _, ins in instructions)
     results = [(proxy, proxy.fit(ins, None, None)) for proxy, ins in instructions]
     replies = [unpack(parameters_to_ndarrays(res.parameters), res.metrics["payload"]) for _, res in results]
+    # the perfedavg-paper split of 4 users: 40 examples for users 0 and 1, 12 for users 2 and 3
+    weights = [res.num_examples if aggregation == "examples" else 1 for _, res in results]
+    assert aggregation == "uniform" or len(set(weights)) == 2
     strategy.aggregate_fit(1, results, [])
     for i in range(arrays):
-        mean_y = np.mean([r["model"][i].astype(np.float64) for r in replies], axis=0)
-        mean_dc = np.mean([r["delta-control"][i].astype(np.float64) for r in replies], axis=0)
+        mean_y = np.average([r["model"][i].astype(np.float64) for r in replies], axis=0, weights=weights)
+        mean_dc = np.average([r["delta-control"][i].astype(np.float64) for r in replies], axis=0, weights=weights)
         moved = before[i] + 0.5 * (mean_y - before[i])  # x + eta_g (mean(y) - x)
         np.testing.assert_allclose(strategy.global_model[i], moved, rtol=1e-5, atol=1e-8)
         np.testing.assert_allclose(strategy.control[i], control[i] + len(replies) / 4 * mean_dc, rtol=1e-5,
