@@ -45,10 +45,9 @@ class Scaffold(FederatedStrategy):
         deltas = [reply.extras[DELTA_CONTROL] for reply in replies]
         # c estimates the gradient of the objective the models' average descends: the same weights for both
         # (uniform: the paper's mean; examples: the example-weighted objective), or the correction pulls elsewhere
-        weights = np.asarray(self.averaging_weights(replies), dtype=np.float64)
-        weights /= weights.sum()
-        self.control = [c + share * np.tensordot(weights, np.asarray(layer, dtype=np.float64), axes=1).astype(c.dtype)
-                        for c, layer in zip(self.control, zip(*deltas, strict=True), strict=True)]  # fmt: skip
+        weights = self.averaging_weights(replies)
+        self.control = [c + share * np.average(np.asarray(layer, dtype=np.float64), axis=0, weights=weights).astype(
+                        c.dtype) for c, layer in zip(self.control, zip(*deltas, strict=True), strict=True)]  # fmt: skip
         previous = self.global_shared
         averaged, extra = super().combine(server_round, replies)
         eta = self.method.server_lr

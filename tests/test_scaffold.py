@@ -101,6 +101,9 @@ def test_the_server_moves_x_by_eta_g_and_c_by_the_sampled_share_of_the_mean_delt
         np.testing.assert_allclose(strategy.global_model[i], moved, rtol=1e-5, atol=1e-8)
         np.testing.assert_allclose(strategy.control[i], control[i] + len(replies) / 4 * mean_dc, rtol=1e-5,
                                    atol=1e-7)  # fmt: skip
+        if aggregation == "uniform":  # the paper's mean, as computed before the weights were shared: bit for bit
+            paper = np.mean([r["delta-control"][i] for r in replies], axis=0, dtype=np.float64).astype(np.float32)
+            np.testing.assert_array_equal(strategy.control[i], control[i] + len(replies) / 4 * paper)
     assert len(replies) == 2 and strategy.record["scaffold-control-norm"] > 0
     evaluations = strategy.configure_evaluate(10, run.parameters, run.manager)
     assert all(ins.config["payload"] == f"model:{arrays}" for _, ins in evaluations)  # c goes with fits only
