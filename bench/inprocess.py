@@ -98,12 +98,15 @@ class InProcessRun:
             self.manager.register(InProcessProxy(f"node-{partition}", client))
         self.parameters: Parameters = self.strategy.initialize_parameters(self.manager)
         self.round = 0
+        self.bytes_sent = self.bytes_received = 0  # the last fit round's arrays, over every instruction and reply
 
     def step(self) -> dict:
         """One round of fit (no evaluation); the aggregated metrics."""
         self.round += 1
         instructions = self.strategy.configure_fit(self.round, self.parameters, self.manager)
         results = [(proxy, proxy.fit(ins, None, None)) for proxy, ins in instructions]
+        self.bytes_sent = sum(len(t) for _, ins in instructions for t in ins.parameters.tensors)
+        self.bytes_received = sum(len(t) for _, res in results for t in res.parameters.tensors)
         parameters, metrics = self.strategy.aggregate_fit(self.round, results, [])
         if parameters is not None:
             self.parameters = parameters
