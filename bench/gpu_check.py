@@ -7,7 +7,11 @@ transport), after ``--warmup`` rounds:
 - ``b1-hf``: benchmark B1's Per-FedAvg HF row (tau = 10, alpha = 0.01, batches of 40,
   50 users, 10 a round, the MLP) on ``--data-dir`` (MNIST 10k; the embedded sample with
   the default partition where it is absent);
-- ``default-job``: the app's defaults (``flwr run .``'s job), 50 clients.
+- ``default-job``: the app's defaults (``flwr run .``'s job), 50 clients;
+- ``cifar-fedavg-cnn`` and ``cifar-resnet18``: CIFAR-10 from ``--cifar-dir``
+  (``../shared/data/cifar10-jpeg``, skipped where absent) with B8's pathological split of
+  20 clients, 4 of them a round, normalised inputs: PFLlib's 4-layer CNN (batches of 10,
+  10 local steps) and ResNet-18 (batches of 32, 2 local steps: a CPU round stays short).
 
 Per round: wall seconds; per step: a round's seconds over the local steps its clients
 took. Every registered method's example then runs two rounds and an evaluation
@@ -51,17 +55,35 @@ B1_HF = {
 }  # fmt: skip
 
 
-def cases(data_dir: Path) -> dict[str, dict]:
+CIFAR_CLIENTS = 20
+CIFAR = {
+    "strategy": "fedavg", "dataset": "imagefolder", "classes": "airplane,automobile,bird,cat,deer,dog,frog,horse,ship,"
+    "truck", "input-shape": "3x32x32", "partitioner": "pfllib-pathological", "test-fraction": 0.25,
+    "input-mean": "0.4913,0.4821,0.4465", "input-std": "0.2452,0.2428,0.2606", "fraction-fit": 0.2, "lr": 0.05,
+    "min-available-clients": CIFAR_CLIENTS,
+}  # fmt: skip
+
+
+def cases(data_dir: Path, cifar_dir: Path) -> dict[str, tuple[dict, int]]:
+    """Each case's run config and its number of clients."""
     b1 = B1_HF | {"data-dir": str(data_dir)}
     if not any(data_dir.glob("**/train-images*")):
         b1 = {k: v for k, v in B1_HF.items() if k not in ("dataset", "images-per-class")}  # the embedded sample
-    return {"b1-hf": b1, "default-job": {}}
+    out = {"b1-hf": (b1, USERS), "default-job": ({}, USERS)}
+    if (cifar_dir / "train").is_dir():
+        cifar = CIFAR | {"data-dir": str(cifar_dir)}
+        out["cifar-fedavg-cnn"] = (cifar | {"model": "fedavg-cnn", "batch-size": 10, "local-steps": 10}, CIFAR_CLIENTS)
+        out["cifar-resnet18"] = (cifar | {"model": "resnet18", "batch-size": 32, "adapt-batch-size": 32,
+                                          "local-steps": 2}, CIFAR_CLIENTS)  # fmt: skip
+    else:
+        print(f"gpu_check: no CIFAR-10 JPEG folder at {cifar_dir}; the CIFAR cases are left out", flush=True)
+    return out
 
 
-def time_case(config: dict, device: str, *, warmup: int, rounds: int) -> dict:
+def time_case(config: dict, device: str, *, warmup: int, rounds: int, clients: int = USERS) -> dict:
     """Median seconds per round and per local step of ``rounds`` rounds after ``warmup``."""
     run = InProcessRun(run_config=config | {"device": device, "eval-every": 10**6, "num-server-rounds": 10**6},
-                       num_clients=USERS)  # fmt: skip
+                       num_clients=clients)  # fmt: skip
     round_s, step_s = [], []
     for i in range(warmup + rounds):
         started = time.perf_counter()
@@ -117,6 +139,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--flower-rounds", type=int, default=10)
     parser.add_argument("--data-dir", type=Path, default=SHARED_DATA / "mnist-10k")
+    parser.add_argument("--cifar-dir", type=Path, default=SHARED_DATA / "cifar10-jpeg")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gpu_check.json")
     args = parser.parse_args()
     if not args.cpu_only and not torch.cuda.is_available():
@@ -126,10 +149,10 @@ def main() -> None:
     out = QUICK_RESULTS / args.out.name if args.cpu_only else args.out
     report: dict = {"benchmark": "gpu-check", "machine": machine(), "date": time.strftime("%Y-%m-%d"),
                     "users": USERS, "warmup": args.warmup, "cases": {}}  # fmt: skip
-    for name, config in cases(args.data_dir).items():
-        report["cases"][name] = {"config": config}
+    for name, (config, clients) in cases(args.data_dir, args.cifar_dir).items():
+        report["cases"][name] = {"config": config, "clients": clients}
         for device in devices:
-            timed = time_case(config, device, warmup=args.warmup, rounds=args.rounds)
+            timed = time_case(config, device, warmup=args.warmup, rounds=args.rounds, clients=clients)
             report["cases"][name][device] = timed
             print(f"{name} on {device}: {timed['round-seconds']:.3f} s/round, {timed['step-seconds'] * 1e3:.2f} "
                   f"ms/step", flush=True)  # fmt: skip
