@@ -55,7 +55,8 @@ sys.path.insert(0, str(REPO))
 from app.config import parse_settings  # noqa: E402
 from app.registry import METHODS  # noqa: E402
 from bench.common import QUICK_RESULTS, SHARED_DATA, RunLog, interval, machine  # noqa: E402
-from bench.personalised_table import METHOD_KEYS  # noqa: E402
+from bench.personalised_table import Dataset as B7Dataset  # noqa: E402
+from bench.personalised_table import own_keys as b7_own_keys  # noqa: E402
 
 CIFAR = SHARED_DATA / "cifar10-jpeg"
 STARTUP_RESULTS = REPO / "bench" / "results" / "cifar_startup.json"
@@ -140,31 +141,31 @@ def method_of(label: str) -> tuple[str, dict]:
     return EXTRA_ROWS.get(label, (label, {}))
 
 
-def own_keys(method: str, lr: float) -> dict:
-    """B7's keys for each method (``bench/personalised_table.py``), step sizes tied to the shared lr.
+# B8 as B7 describes a dataset, so that B7's rules tie each method's step sizes to the shared lr
+AS_B7 = B7Dataset("B8", {}, CLIENTS, ROUNDS, model="fedavg-cnn", shared={"lr": SHARED["lr"]}, per_round=CLIENTS)
+
+
+def own_keys(method: str) -> dict:
+    """B7's keys for each method (``bench/personalised_table.own_keys``), with B8's changes.
 
     Per-FedAvg runs first-order (PFLlib's Per-FedAvg is first-order) with B6's alpha 0.01 for
-    a ReLU CNN; SO keeps its curvature bound on (B6: the paper's estimator diverges there).
+    a ReLU CNN; SO keeps its default curvature bound (B6: the paper's estimator diverges there).
+    The personal and head steps follow B8's local-steps.
     """
-    keys = dict(METHOD_KEYS.get(method, ({}, ""))[0])
+    keys = b7_own_keys(method, AS_B7)
     if method == "fathom":
         # FATHOM tunes epochs, so it starts from epochs: the fraction of an epoch that is about local-steps
         # steps on the mean client (3,000 pooled examples, 2,250 for training); B7's 1.0 would be ~225 steps
         keys["local-epochs"] = round(SHARED["local-steps"] * SHARED["batch-size"] / (60_000 / CLIENTS * 0.75), 3)
     elif method == "perfedavg":
-        keys.update({"perfedavg-beta": lr, "perfedavg-alpha": 0.01, "perfedavg-variant": "fo"})
-    elif method == "diffusion":
-        keys.update({"diffusion-mu": lr, "diffusion-participation": 1.0})
+        keys.pop("perfedavg-curvature-bound")
+        keys.update({"perfedavg-alpha": 0.01, "perfedavg-variant": "fo"})
     elif method == "ditto":
-        keys.update({"ditto-personal-lr": lr, "ditto-personal-steps": SHARED["local-steps"]})
+        keys["ditto-personal-steps"] = SHARED["local-steps"]
     elif method == "pfedme":
         # B7's personal step 0.1 (the paper's MNIST MLP) collapsed to 13% here (seed 0): with lambda 15 the inner
         # solve steps 0.1 (L + 15) > 1.5, unstable once the CNN's own curvature L adds; PFLlib's default is 0.01
         keys["pfedme-personal-lr"] = 0.01
-        if lr * keys["pfedme-lambda"] >= 1:
-            keys["pfedme-lambda"] = 0.5 / lr
-    elif method == "apfl":
-        keys["apfl-alpha-lr"] = lr
     elif method == "fedrep":
         keys["fedrep-head-steps"] = SHARED["local-steps"]
     return keys
@@ -176,7 +177,7 @@ def run_config(condition: str, label: str, *, seed: int, rounds: int, threads: i
     config = {**SHARED, **DATA, **cond.config, "data-dir": str(CIFAR), "model": MODEL_FOR.get(method, cond.model),
               "strategy": method,
               "seed": seed, "num-server-rounds": rounds, "eval-every": rounds, "num-threads": threads,
-              **own_keys(method, float(SHARED["lr"])), **variant}  # fmt: skip
+              **own_keys(method), **variant}  # fmt: skip
     parse_settings(config)  # a bad key fails here, before any run starts
     return config
 
