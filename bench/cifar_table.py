@@ -271,36 +271,44 @@ def timing(args: argparse.Namespace, rounds: int = 4, warmup: int = 1) -> dict:
     return {"rounds": rounds, "warmup": warmup, "threads": "torch default (2)", "seconds-per-round": out}
 
 
-def startup(rounds: int = 2) -> dict:
+def startup(rounds: int = 2, repeats: int = 3) -> dict:
     """Seconds to round 1 and wall seconds of 20-client CIFAR-10 runs (cold, then warm cache) and of the default job.
 
     Each case starts its own local SuperLink (fresh Ray workers, nothing in their memory);
     ``cold`` starts from an empty ``STAMEN_CACHE_DIR``, ``warm`` from the one ``cold`` filled.
+    The three cases run in turn ``repeats`` times, each repeat from a new empty cache; a
+    case's figures are the medians over the repeats.
     """
     from app.launcher import LocalSimulation
     from bench.common import read_records
 
     cases = {"cifar-cold": True, "cifar-warm": False, "default-job": None}
-    out = {}
-    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as results:
-        for name, cifar in cases.items():
-            config = {"num-server-rounds": rounds, "results-dir": results, "run-name": name, "eval-every": rounds}
-            nodes = 50
-            if cifar is not None:
-                config = {**run_config("pathological", "fedavg", seed=0, rounds=rounds, threads=1), **config}
-                nodes = CLIENTS
-            with LocalSimulation(app_dir=REPO, env={"STAMEN_CACHE_DIR": cache}) as sim:
-                outcome = sim.run(run_config=config, num_supernodes=nodes, timeout_s=1800,
-                                  extra_federation="client-resources-num-cpus=1")  # fmt: skip
-            if not outcome.ok:
-                raise SystemExit(f"B8 start-up: {name} ended {outcome.status}\n{outcome.log_tail}")
-            records, summary = read_records(Path(results) / name)
-            out[name] = {"clients": nodes, "wall-seconds": outcome.wall_seconds,
-                         "server-start-to-round-1-seconds": summary["timing"].get("first-round-start-seconds"),
-                         "round-seconds": [r["round-seconds"] for r in records]}  # fmt: skip
-            print(f"start-up {name}: round 1 after {out[name]['server-start-to-round-1-seconds']:.1f} s, "
-                  f"wall {outcome.wall_seconds:.1f} s", flush=True)  # fmt: skip
-    return out
+    measured: dict[str, list[dict]] = {name: [] for name in cases}
+    for repeat in range(repeats):
+        with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as results:
+            for name, cifar in cases.items():
+                config = {"num-server-rounds": rounds, "results-dir": results, "run-name": name, "eval-every": rounds}
+                nodes = 50
+                if cifar is not None:
+                    config = {**run_config("pathological", "fedavg", seed=0, rounds=rounds, threads=1), **config}
+                    nodes = CLIENTS
+                with LocalSimulation(app_dir=REPO, env={"STAMEN_CACHE_DIR": cache}) as sim:
+                    outcome = sim.run(run_config=config, num_supernodes=nodes, timeout_s=1800,
+                                      extra_federation="client-resources-num-cpus=1")  # fmt: skip
+                if not outcome.ok:
+                    raise SystemExit(f"B8 start-up: {name} ended {outcome.status}\n{outcome.log_tail}")
+                records, summary = read_records(Path(results) / name)
+                measured[name].append({"wall-seconds": outcome.wall_seconds,
+                                       "server-start-to-round-1-seconds":
+                                           summary["timing"].get("first-round-start-seconds"),
+                                       "round-seconds": [r["round-seconds"] for r in records]})  # fmt: skip
+                print(f"start-up {name} (repeat {repeat + 1} of {repeats}): round 1 after "
+                      f"{measured[name][-1]['server-start-to-round-1-seconds']:.1f} s, "
+                      f"wall {outcome.wall_seconds:.1f} s", flush=True)  # fmt: skip
+    return {name: {"clients": CLIENTS if cases[name] is not None else 50, "repeats": runs,
+                   **{key: statistics.median(r[key] for r in runs)
+                      for key in ("wall-seconds", "server-start-to-round-1-seconds")}}
+            for name, runs in measured.items()}  # fmt: skip
 
 
 def channel_stats() -> dict:
@@ -311,6 +319,39 @@ def channel_stats() -> dict:
                                   input_shape=(3, 32, 32)))  # fmt: skip
     x = source.train_x.astype("float64") / 255.0
     return {"mean": x.mean(axis=(0, 2, 3)).round(4).tolist(), "std": x.std(axis=(0, 2, 3)).round(4).tolist()}
+
+
+def majority_floor(condition: str, seeds: list[int]) -> dict:
+    """The client mean of a per-client majority-class guess (each client's most frequent training class) per seed.
+
+    What a model that learned only its client's label counts scores on that client's test
+    split: the floor a personalised accuracy is read against on a label-skew split.
+    """
+    import numpy as np
+
+    from datasets import load_partition, load_source
+
+    per_seed = []
+    for seed in seeds:
+        settings = parse_settings(run_config(condition, "fedavg", seed=seed, rounds=ROUNDS, threads=1))
+        data, split = settings.data_spec(CLIENTS), settings.partition_spec(CLIENTS)
+        source = load_source(data)
+        labels = np.concatenate([source.train_y, source.test_y])
+        scores = []
+        for client in load_partition(data, split):
+            guess = np.bincount(labels[client.train], minlength=source.num_classes).argmax()
+            scores.append(float(np.mean(labels[client.test] == guess)))
+        per_seed.append(100 * statistics.mean(scores))
+    mean, half = interval(per_seed)
+    return {"accuracy": mean, "ci95": half, "seeds": seeds, "per-seed": per_seed}
+
+
+def above_floor(row: dict, floor: dict | None) -> str:
+    """A row's personalised accuracy minus the majority-class floor, seed-paired (the split is the seed's)."""
+    if not floor or "seeds" not in row:
+        return ""
+    floors = dict(zip(floor["seeds"], floor["per-seed"], strict=True))
+    return fmt(*interval([a - floors[s] for s, a in zip(row["seeds"], row["per-seed"], strict=True)]))
 
 
 def summary_of(runs: list[dict], condition: str, label: str, seeds: list[int], rounds: int) -> dict | None:
@@ -335,6 +376,7 @@ def summary_of(runs: list[dict], condition: str, label: str, seeds: list[int], r
             "train-loss-curve": [statistics.mean(c) for c in zip(*(r["train-loss-curve"] for r in done), strict=True)
                                  if None not in c],
             "failed": failed,
+            "rejected-replies": {r["seed"]: r["failed-replies"] for r in done if r.get("failed-replies")},
             **{k: statistics.median(r[k] for r in done) for k in COSTS},
             "wall-seconds": statistics.median(r["wall-seconds"] for r in done)}  # fmt: skip
 
@@ -379,6 +421,7 @@ def report_of(runs: list[dict], args: argparse.Namespace) -> dict:
         column = {"pathological": 1, "practical": 2}.get(condition)
         if column is not None:
             conditions[condition]["published-pairs"] = published_pairs(rows, column)
+            conditions[condition]["majority-floor"] = majority_floor(condition, args.seeds)
     return conditions
 
 
@@ -386,6 +429,12 @@ def fmt(value: float | None, half: float | None = None, digits: int = 1) -> str:
     if value is None:
         return "n/a"
     return f"{value:.{digits}f}" + ("" if half is None else f" ± {half:.{digits}f}")
+
+
+def loss_points(row: dict, rounds: tuple[int, ...] = (5, 10, 20)) -> str:
+    """The seed-mean train loss at a few rounds: whether a row was still learning when the short horizon ended."""
+    curve = row.get("train-loss-curve", [])
+    return " / ".join(f"{curve[r - 1]:.2f}" for r in rounds if r <= len(curve)) or "n/a"
 
 
 def markdown(report: dict) -> str:
@@ -398,14 +447,16 @@ def markdown(report: dict) -> str:
              f"over seeds. Published: {PUBLISHED_SOURCE} (best over up to 2,000 rounds, mean ± std).", ""]  # fmt: skip
     for name, cond in report["conditions"].items():
         published = {"pathological": 1, "practical": 2}.get(name)
+        floor = cond.get("majority-floor")
         lines += [f"## {cond['label']}: {cond['model']}", "",
-                  "| method | personalised acc. (%) | global model acc. (%) | published (FedALA) | "
-                  "s / round | grad. evals / round | MB sent / round | MB received / round |",
-                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| method | personalised acc. (%) | above the floor (points, seed-paired) | global model acc. (%) | "
+                  "published (FedALA) | train loss, rounds 5 / 10 / 20 | s / round | grad. evals / round | "
+                  "MB sent / round | MB received / round |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         ranked = sorted(cond["rows"].items(), key=lambda item: -item[1].get("accuracy", -1))
         for label, row in ranked:
             if "accuracy" not in row:
-                lines.append(f"| {label} | {'; '.join(row['failed'])[:120]} | | | | | | |")
+                lines.append(f"| {label} | {'; '.join(row['failed'])[:120]} | | | | | | | | |")
                 continue
             pub = ""
             if published and label in PUBLISHED:
@@ -414,11 +465,19 @@ def markdown(report: dict) -> str:
                     pub += f"; {PUBLISHED_GLOBAL[label][0]} {fmt(*PUBLISHED_GLOBAL[label][published], digits=2)}"
             timed = seconds.get(f"{name}/{label}") or seconds.get(f"pathological/{label}")
             note = f" ({len(row['seeds'])} seeds; {'; '.join(row['failed'])})" if row["failed"] else ""
-            lines.append(f"| {label} | {fmt(row['accuracy'], row['ci95'])}{note} | "
-                         f"{fmt(row['global-accuracy'], row['global-ci95'])} | {pub} | {fmt(timed, digits=2)} | "
+            rejected = row.get("rejected-replies", {})
+            if rejected:  # a run that finished after rounds whose replies were all non-finite (the model kept)
+                counts = ", ".join(f"seed {seed}: {n}" for seed, n in rejected.items())
+                note += f" (non-finite replies rejected: {counts})"
+            lines.append(f"| {label} | {fmt(row['accuracy'], row['ci95'])}{note} | {above_floor(row, floor)} | "
+                         f"{fmt(row['global-accuracy'], row['global-ci95'])} | {pub} | {loss_points(row)} | "
+                         f"{fmt(timed, digits=2)} | "
                          f"{row['grad-evals-per-round']:.0f}"
                          + (f" + {row['hvp-evals-per-round']:.0f} HVP" if row["hvp-evals-per-round"] else "")
                          + f" | {row['mb-sent-per-round']:.1f} | {row['mb-received-per-round']:.1f} |")  # fmt: skip
+        if floor:
+            lines += ["", f"Floor: each client guessing its most frequent training class scores "
+                      f"{fmt(floor['accuracy'], floor['ci95'])} % (client mean) on this split."]  # fmt: skip
         pairs = cond.get("published-pairs")
         if pairs:
             lines += ["", f"FedALA's pairwise orders among the rows we run: {pairs['held']} of {len(pairs['pairs'])} "
@@ -430,14 +489,26 @@ def markdown(report: dict) -> str:
                 lines.append(f"| {p['lower']} < {p['higher']} | {p['published-gap']:.2f} | "
                              f"{fmt(p['gap'], p['ci95'])}{'' if p['holds'] else ' (reversed)'} |")
         lines.append("")
+    shift = report["conditions"].get("feature-shift", {}).get("rows", {})
+    if "accuracy" in shift.get("fedbn", {}) and "accuracy" in shift.get("fedavg", {}):
+        fedbn = dict(zip(shift["fedbn"]["seeds"], shift["fedbn"]["per-seed"], strict=True))
+        gaps = {column: interval([fedbn[s] - v for s, v in zip(shift["fedavg"]["seeds"], shift["fedavg"][column],
+                                                                   strict=True)])
+                for column in ("per-seed", "global-per-seed")}  # fmt: skip
+        lines += [f"Feature shift, FedBN minus FedAvg (seed-paired): {fmt(*gaps['global-per-seed'])} points against "
+                  f"FedAvg's global model, {fmt(*gaps['per-seed'])} against FedAvg + update.", ""]  # fmt: skip
     variants = report["conditions"].get("perfedavg-variants")
     if variants and "pathological" in report["conditions"]:
         fo = report["conditions"]["pathological"]["rows"].get("perfedavg")
         rows = [("perfedavg-fo", fo or {}), *variants["rows"].items()]
         named = [f"{label.removeprefix('perfedavg-').upper()} {fmt(row.get('accuracy'), row.get('ci95'))}"
                  for label, row in rows]  # fmt: skip
+        both = {**variants["rows"], "perfedavg": fo or {}}
+        gaps = [f"FO - {v.upper()} {fmt(*gap)}" for v in ("so", "hf")
+                if (gap := paired_gap(both, f"perfedavg-{v}", "perfedavg")) is not None]  # fmt: skip
         lines += [f"Per-FedAvg's variants on the pathological split (FO is the table's perfedavg row): "
-                  f"{'; '.join(named)}.", ""]  # fmt: skip
+                  f"{'; '.join(named)}. Seed-paired gaps over the seeds each finished: {'; '.join(gaps)}.",
+                  ""]  # fmt: skip
     start = json.loads(STARTUP_RESULTS.read_text())["cases"] if STARTUP_RESULTS.exists() else {}
     if start:
         lines += ["Start-up through `flwr run` (the server's start to round 1, seconds): "
@@ -462,6 +533,7 @@ def main() -> None:
     parser.add_argument("--log", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--timing", action="store_true", help="only the seconds-per-round pass")
     parser.add_argument("--startup", action="store_true", help="only the start-up measurement through flwr run")
+    parser.add_argument("--repeats", type=int, default=3, help="--startup: repeats of each case (medians)")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "cifar_table.json")
     args = parser.parse_args()
@@ -481,8 +553,8 @@ def main() -> None:
     elif args.startup:
         measured = {"benchmark": "B8 start-up", "machine": machine(), "date": time.strftime("%Y-%m-%d"),
                     "what": "flwr run, 2 rounds, client-resources-num-cpus=1; server-start-to-round-1 is the server's "
-                    "time from its start to round 1 (the preflight, in which every client loads its data)",
-                    "cases": startup()}  # fmt: skip
+                    "time from its start to round 1 (the preflight, in which every client loads its data); "
+                    "medians over the repeats", "cases": startup(repeats=args.repeats)}  # fmt: skip
         STARTUP_RESULTS.write_text(json.dumps(measured, indent=1) + "\n")
         print(json.dumps(measured, indent=1))
         return
