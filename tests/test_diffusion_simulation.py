@@ -30,9 +30,10 @@ BIG = {"strategy": "diffusion", "dataset": "least-squares", "model": "linear", "
 def runs(tmp_path_factory):
     results = tmp_path_factory.mktemp("results")
     common = {"results-dir": str(results)}
-    with LocalSimulation(app_dir=REPO) as sim:
-        theory = sim.run(run_config={**THEORY, **common, "run-name": "theory"}, num_supernodes=AGENTS, timeout_s=600)
-        big = sim.run(run_config={**BIG, **common, "run-name": "big"}, num_supernodes=200, timeout_s=600)
+    with LocalSimulation(app_dir=REPO) as sim:  # both submitted at once: their start-up and polling overlap
+        theory = sim.submit(run_config={**THEORY, **common, "run-name": "theory"}, num_supernodes=AGENTS)
+        big = sim.submit(run_config={**BIG, **common, "run-name": "big"}, num_supernodes=200)
+        theory, big = sim.wait(theory, timeout_s=600), sim.wait(big, timeout_s=600)
     return (theory, results / "theory"), (big, results / "big")
 
 

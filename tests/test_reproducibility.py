@@ -33,17 +33,21 @@ def lines_without_timings(run_dir) -> list[str]:
 def runs(tmp_path_factory):
     results = tmp_path_factory.mktemp("results")
     common = {**CONFIG, "results-dir": str(results)}
-    with LocalSimulation(app_dir=REPO) as sim:
-        outcomes = [sim.run(run_config={**common, "run-name": name}, num_supernodes=CLIENTS, timeout_s=300)
-                    for name in ("first", "second")]  # fmt: skip
-        cut = {**common, "num-server-rounds": 2, "checkpoint-every": 2, "run-name": "cut"}
-        outcomes.append(sim.run(run_config=cut, num_supernodes=CLIENTS, timeout_s=300))
+    independent = {name: {**common, "run-name": name} for name in ("first", "second")}
+    independent["cut"] = {**common, "num-server-rounds": 2, "checkpoint-every": 2, "run-name": "cut"}
+    independent["sampled"] = {**common, "preflight-sample": 3, "run-name": "sampled"}
+    # every run but the resumed one submitted at once (each in its own simulation process, seeded alike), and the
+    # state app beside them on a SuperLink of its own: run one after another, the module took 157 s
+    with (
+        LocalSimulation(app_dir=REPO) as sim,
+        LocalSimulation(app_dir=REPO / "tests" / "state_app", pythonpath=[REPO]) as state_sim,
+    ):
+        state = state_sim.submit(run_config={"results-dir": str(results), "run-name": "state"}, num_supernodes=4)
+        done = sim.run_many(independent, num_supernodes=CLIENTS, ahead=len(independent), timeout_s=300)
         resumed = {**common, "resume-from": str(results / "cut")}
-        outcomes.append(sim.run(run_config=resumed, num_supernodes=CLIENTS, timeout_s=300))
-        sampled = {**common, "preflight-sample": 3, "run-name": "sampled"}
-        outcomes.append(sim.run(run_config=sampled, num_supernodes=CLIENTS, timeout_s=300))
-    with LocalSimulation(app_dir=REPO / "tests" / "state_app", pythonpath=[REPO]) as sim:
-        kept = sim.run(run_config={"results-dir": str(results), "run-name": "state"}, num_supernodes=4, timeout_s=300)
+        done["resumed"] = sim.run(run_config=resumed, num_supernodes=CLIENTS, timeout_s=300)
+        kept = state_sim.wait(state, timeout_s=300)
+    outcomes = [done[name] for name in ("first", "second", "cut", "resumed", "sampled")]
     return outcomes, kept, results
 
 
