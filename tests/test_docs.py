@@ -21,7 +21,7 @@ def test_relative_links_lead_to_files(page):
 
 def test_the_readme_is_a_front_door():
     lines = (REPO / "README.md").read_text().splitlines()
-    assert len(lines) < 250
+    assert len(lines) < 150, f"the README is {len(lines)} lines; reference material belongs in docs/"
     assert 'pip install ".[test]" && python3 -m pytest -q' in lines
     # tests/test_install.py installs stamen the way quick start 1 does
     quick_start = "pip install . && FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 flwr run ."
