@@ -26,7 +26,8 @@ from clients.base import TorchClient
 from clients.models import build_model
 from clients.state import ClientState
 from clients.unavailable import UnavailableClient
-from datasets import USER_DATASETS, ClientData, load_client_data, load_node_data
+from datasets import USER_DATASETS, ClientData, hold_out_validation, load_client_data, load_node_data
+from strategies.contracts.common import Settings
 from strategies.contracts.models import ModelCard
 
 
@@ -169,6 +170,18 @@ def output_size(model: torch.nn.Module, example: torch.Tensor) -> int:
     return size
 
 
+def held_out(
+    data: ClientData, reload: Callable[[int], ClientData] | None, settings: Settings, partition_id: int
+) -> tuple[ClientData, Callable[[int], ClientData] | None]:
+    """The client's data, and its loader of other partitions, with the run's validation split held out."""
+    hold = partial(hold_out_validation, fraction=settings.data.validation_fraction, seed=settings.run.seed)
+
+    def reload_held_out(other: int) -> ClientData:
+        return hold(reload(other), partition_id=other)
+
+    return hold(data, partition_id=partition_id), None if reload is None else reload_held_out
+
+
 def build_client(
     context: Context, parts: OwnParts | None = None, load_app_data: AppData | None = None
 ) -> TorchClient:
@@ -200,6 +213,8 @@ def build_client(
         reload = partial(load_client_data, settings.data_spec(place.num_partitions),
                          settings.partition_spec(place.num_partitions))  # fmt: skip
         data = reload(place.partition_id)
+    if settings.data.validation_fraction > 0:  # tuning: every evaluation reads the held-out share, never the test
+        data, reload = held_out(data, reload, settings, place.partition_id)
     message_cost.mark("data")
     model = network if network is not None else build_model(
         settings.training.model, input_shape=tuple(data.train_x.shape[1:]), num_classes=data.num_classes,

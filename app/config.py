@@ -177,6 +177,10 @@ def check_central_evaluation(settings: Settings, contract: Contract) -> None:
                 raise ConfigError(f"run config key {name!r}: {value!r} needs a model on the server; {contract.name}'s "
                                   "model never travels (each client keeps its own whole model in Context.state), "
                                   "so leave it at its default")  # fmt: skip
+    if settings.run.central_eval and settings.data.validation_fraction > 0:
+        raise ConfigError("run config key 'central-eval': it tests the global model on the dataset's test set, which "
+                          f"validation-fraction = {settings.data.validation_fraction:g} keeps out of the run (every "
+                          "evaluation reads the clients' validation splits); leave one of them off")  # fmt: skip
     if contract.personal is not None and settings.run.central_eval:
         kept = contract.personal.describe(settings.method.values())
         raise ConfigError(

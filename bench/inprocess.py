@@ -32,7 +32,7 @@ from app.registry import METHODS
 from app.server_app import build_strategy
 from clients.base import TorchClient
 from clients.models import build_model
-from datasets import load_client_data
+from datasets import hold_out_validation, load_client_data
 from strategies.base import FederatedStrategy
 from strategies.contracts.common import Settings
 
@@ -44,7 +44,9 @@ def build_clients(settings: Settings, num_clients: int) -> list[TorchClient]:
     method = METHODS[settings.run.strategy]
     clients = []
     for partition in range(num_clients):
-        data = load_client_data(settings.data_spec(num_clients), settings.partition_spec(num_clients), partition)
+        data = hold_out_validation(
+            load_client_data(settings.data_spec(num_clients), settings.partition_spec(num_clients), partition),
+            fraction=settings.data.validation_fraction, seed=settings.run.seed, partition_id=partition)  # fmt: skip
         model = build_model(settings.training.model, input_shape=tuple(data.train_x.shape[1:]),
                             num_classes=data.num_classes, seed=settings.run.seed)  # fmt: skip
         clients.append(method.client(model=model, data=data, settings=settings, partition_id=partition,

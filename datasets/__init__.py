@@ -30,6 +30,7 @@ from datasets.registry import (
     load_partition,
     load_source,
 )
+from datasets.validation import hold_out_validation
 
 __all__ = [
     "APP_DATA",
@@ -57,6 +58,7 @@ __all__ = [
     "dataset_shape",
     "NotEnoughDataError",
     "PartitionSpec",
+    "hold_out_validation",
     "load_client_data",
     "load_partition",
     "load_source",

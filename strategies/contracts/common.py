@@ -134,6 +134,9 @@ class DataSettings(KeyedSettings):
     classes_per_client: int = key(2, "shards, pfllib-pathological: distinct classes per client", at_least=1)
     test_fraction: float = key(0.2, "per-client held-out share for data without a test set, and of each client's "
                                "pooled share under pfllib-* (PFLlib: 0.25)", above=0, below=1)  # fmt: skip
+    validation_fraction: float = key(0.0, "hold out this share of each client's training data as its validation "
+                                     "split and evaluate on it instead of the test split, which the run then never "
+                                     "reads (for tuning; 0 = off)", at_least=0, below=1)  # fmt: skip
     feature_shift: str = key("none", "colour: each client's images under a colour transform of its own "
                              "(FedBN's feature-shift setting; RGB images)", choices=FEATURE_SHIFTS)  # fmt: skip
     input_mean: str = key("", "per-channel means subtracted from the inputs (images scaled to [0, 1]), e.g. "
