@@ -381,11 +381,16 @@ def summary_of(runs: list[dict], condition: str, label: str, seeds: list[int], r
             "wall-seconds": statistics.median(r["wall-seconds"] for r in done)}  # fmt: skip
 
 
-def paired_gap(rows: dict, low: str, high: str, column: str = "per-seed") -> tuple[float, float] | None:
-    """Mean and 95% half-width over seeds of ``high - low`` (a seed fixes the split for both)."""
+def paired_gap(rows: dict, low: str, high: str, column: str = "per-seed",
+               low_column: str | None = None) -> tuple[float, float] | None:  # fmt: skip
+    """Mean and 95% half-width over seeds of ``high - low`` (a seed fixes the split for both).
+
+    ``low_column`` reads the lower row from another column (FedAvg's global model against FedBN).
+    """
     if low not in rows or high not in rows or "seeds" not in rows[low] or "seeds" not in rows[high]:
         return None
-    lows, highs = (dict(zip(rows[m]["seeds"], rows[m][column], strict=True)) for m in (low, high))
+    lows = dict(zip(rows[low]["seeds"], rows[low][low_column or column], strict=True))
+    highs = dict(zip(rows[high]["seeds"], rows[high][column], strict=True))
     common = sorted(set(lows) & set(highs))
     return interval([highs[s] - lows[s] for s in common]) if common else None
 
@@ -491,9 +496,7 @@ def markdown(report: dict) -> str:
         lines.append("")
     shift = report["conditions"].get("feature-shift", {}).get("rows", {})
     if "accuracy" in shift.get("fedbn", {}) and "accuracy" in shift.get("fedavg", {}):
-        fedbn = dict(zip(shift["fedbn"]["seeds"], shift["fedbn"]["per-seed"], strict=True))
-        gaps = {column: interval([fedbn[s] - v for s, v in zip(shift["fedavg"]["seeds"], shift["fedavg"][column],
-                                                                   strict=True)])
+        gaps = {column: paired_gap(shift, "fedavg", "fedbn", low_column=column)
                 for column in ("per-seed", "global-per-seed")}  # fmt: skip
         lines += [f"Feature shift, FedBN minus FedAvg (seed-paired): {fmt(*gaps['global-per-seed'])} points against "
                   f"FedAvg's global model, {fmt(*gaps['per-seed'])} against FedAvg + update.", ""]  # fmt: skip
