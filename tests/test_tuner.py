@@ -20,6 +20,7 @@ from flwr.server.client_manager import SimpleClientManager
 
 from app.config import ConfigError, ignored_keys, parse_settings, tuned_keys
 from app.launcher import LocalSimulation
+from app.registry import METHODS
 from clients.base import round_generator
 from clients.meta import meta_gradient
 from clients.models import build_model
@@ -282,3 +283,28 @@ def test_a_probe_round_sends_each_slot_its_step_and_the_model_takes_the_middle_s
     # rho: 0.75 (middle), 0.5 (x2), 0.975 (x0.5): the tuner starts from beta 0.1
     assert metrics["probe-factor"] == 2.0 and metrics["probe-rho"] == pytest.approx(0.5)
     assert strategy.fit_config(2)["perfedavg-beta"] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("name", [n for n, m in METHODS.items() if m.contract.tunable is not None and n != "fathom"])
+def test_every_method_that_declares_itself_tunable_runs_under_the_tuner(name):
+    # a contract's Tunable is a promise: the tuner reads the method's global update and its replies' phi each round
+    from bench.inprocess import InProcessRun
+
+    example = METHODS[name].contract.example
+    config = {**example, "tune": "fathom", "fraction-fit": 1.0, "local-steps": 2, "batch-size": 4,
+              "adapt-batch-size": 4, "min-available-clients": 4, "perfedavg-outer-batch-size": 4,
+              "perfedavg-hessian-batch-size": 4, "num-server-rounds": 3, "fathom-batch-min": 2.0}  # fmt: skip
+    run = InProcessRun(run_config=config, num_clients=4)
+    step = tuned_keys(run.settings)["step"]
+    start = run.strategy.tuner.values()[step]
+    for _ in range(3):
+        metrics = run.step()
+        assert run.strategy.record["clients-succeeded"] == 4
+    assert math.isfinite(metrics["H"]) and math.isfinite(metrics["phi-mean"])
+    assert run.strategy.tuner.values()[step] != start  # it moved the step size
+
+
+def test_fedproto_is_refused_by_the_tuner_it_has_no_global_model_to_read():
+    # no model travels: the tuner's hypergradient is the global model's update, which FedProto does not have
+    with pytest.raises(ConfigError, match=r"^run config key 'tune': strategy 'fedproto' declares nothing tunable"):
+        parse_settings({**METHODS["fedproto"].contract.example, "tune": "fathom"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from strategies.contracts.contract import Contract, MethodSettings, Tunable
+from strategies.contracts.contract import Contract, MethodSettings
 from strategies.contracts.keys import ConfigError, key
 from strategies.contracts.models import ModelLayout
 from strategies.contracts.payload import ArraySet
@@ -60,5 +60,5 @@ CONTRACT = Contract(
     returns=(ArraySet(PROTOTYPES, "the client's class prototypes c_k^j, a row each (zeros for classes it lacks)"),
              ArraySet(COUNTS, "its training examples of each class")),
     example={"strategy": "fedproto", "fraction-fit": 0.5},
-    tunable=Tunable(step="lr", work=("local-epochs", "local-steps")),
+    # not tunable: FATHOM's hypergradient reads the global model's update, and no model travels here
 )
