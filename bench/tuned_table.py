@@ -1,0 +1,514 @@
+"""Benchmark B9: every method tuned on the same budget, beside B7's shared setting.
+
+B7 runs each method at one shared setting. This gives each method the same search
+budget over its own keys and its step size, scored on a validation split, then runs the
+winner on the test split:
+
+1. **Search** (seed 0, ``validation-fraction`` = ``VALIDATION``): ``CONFIGS`` configurations per
+   method. The first is B7's shared setting; the rest are a scrambled Sobol sequence (seeded,
+   ``torch.quasirandom``) over the method's ``SPACES``: the step size log-uniform over
+   ``LR_RANGE``, each own key over the range given with its reason. A configuration's
+   score is the client-mean personalised accuracy on the validation split (a seeded share
+   of each client's training data; the test split is never read) after B7's rounds. A run
+   whose train loss stays non-finite for ``DIVERGED_ROUNDS`` rounds stops there and scores
+   nothing.
+2. **Test**: the best-scoring configuration, with seeds 0, 1 and 2 on the whole training
+   data, tested on the test split as B7 tests.
+
+Runs are driven in this process (``bench/inprocess.py``: the same strategy and client code
+and the same iterates as ``flwr run`` for the same seed), one thread each, ``--workers`` side
+by side; each appends to ``bench/results/tuned_table_runs.jsonl`` and is skipped when asked
+for again, so the benchmark can be stopped and resumed. The report
+(``bench/results/tuned_table.{json,md}``) puts each method's tuned accuracy beside its B7
+row (``personalised_table.json``) with the chosen configuration and every search score.
+
+    python bench/tuned_table.py --quick                  # 2 configs of 3 methods, 5 rounds, embedded data
+    python bench/tuned_table.py --datasets femnist       # search and test on one dataset
+    python bench/tuned_table.py --report-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from app.config import parse_settings  # noqa: E402
+from bench.common import QUICK_RESULTS, SHARED_DATA, RunLog, interval, machine  # noqa: E402
+from bench.personalised_table import DATASETS, SHARED, image_folder, own_keys  # noqa: E402
+
+CONFIGS = 8  # per method and dataset, B7's shared setting included
+VALIDATION = 0.2  # the share of each client's training data the search scores on
+SEARCH_SEED = 0
+TEST_SEEDS = (0, 1, 2)
+LR_RANGE = (0.01, 0.3)  # the step size's range, log-uniform, for every method
+DIVERGED_ROUNDS = 3  # a run stops once its train loss has been non-finite this many rounds in a row
+SOBOL_SEED = 39
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One searched key: log-uniform or uniform over ``[low, high]``, an integer range, or a choice."""
+
+    key: str
+    kind: str  # "log", "linear", "int" or "choice"
+    low: float = 0.0
+    high: float = 0.0
+    choices: tuple = ()
+
+    def value(self, u: float):
+        """The key's value at ``u`` in [0, 1)."""
+        if self.kind == "log":
+            return float(math.exp(math.log(self.low) + u * (math.log(self.high) - math.log(self.low))))
+        if self.kind == "linear":
+            return float(self.low + u * (self.high - self.low))
+        if self.kind == "int":
+            return int(self.low + math.floor(u * (self.high - self.low + 1)))
+        return self.choices[min(int(u * len(self.choices)), len(self.choices) - 1)]
+
+
+# each method's own searched keys, beside the step size, and why these ranges
+SPACES: dict[str, tuple[tuple[Dim, ...], str]] = {
+    "fedavg": ((), "the step size only"),
+    "fedprox": ((Dim("fedprox-mu", "log", 1e-3, 1.0),), "mu over the paper's grid {0.001, 0.01, 0.1, 1}"),
+    "ditto": ((Dim("ditto-lambda", "log", 0.01, 2.0), Dim("ditto-personal-steps", "int", 5, 40)),
+              "lambda over the paper's grid {0.01, 0.1, 1, 2}; personal steps from half to 4x local-steps "
+              "(the personal model trains only when its client is sampled); personal lr = lr"),
+    "scaffold": ((Dim("scaffold-server-lr", "linear", 0.5, 1.0),), "eta_g from 0.5 to the paper's 1"),
+    "fedrep": ((Dim("fedrep-head-steps", "int", 1, 40), Dim("fedrep-personal-layers", "choice", choices=(1, 2))),
+               "head steps from 1 to 4x local-steps (the paper: 10 head epochs per body epoch); the last one or "
+               "two layers as head"),
+    "fedper": ((Dim("fedper-personal-layers", "choice", choices=(1, 2)),), "the last one or two layers as head"),
+    "pfedme": ((Dim("pfedme-lambda", "log", 1.0, 30.0), Dim("pfedme-personal-lr", "log", 0.01, 0.1)),
+               "lambda over the paper's {15, 20, 30} and below, capped at 0.5 / lr (past lr * lambda = 1 the "
+               "local model overshoots theta); personal step over the paper's {0.01, ..., 0.1}; K 5, beta 1"),
+    "apfl": ((Dim("apfl-alpha", "linear", 0.1, 0.75),), "alpha's start over the paper's fixed values 0.25-0.75 "
+             "and below; alpha's own step = lr"),
+    "perfedavg": ((Dim("perfedavg-alpha", "log", 1e-3, 0.1), Dim("perfedavg-variant", "choice", choices=("fo", "x"))),
+                  "alpha over 0.001-0.1 (the paper's Table 1: 0.001-0.05); variant fo or B7's (hf on the MLP, so "
+                  "on cnn-small, the curvature bound at its default); beta = lr"),
+    "fathom": ((Dim("fathom-gamma-lr", "log", 1e-3, 0.1), Dim("fathom-gamma-epochs", "log", 1e-3, 0.1)),
+               "its hyper-steps of lr and epochs over 0.1x-10x the paper's 0.01; start lr from the search, "
+               "local-epochs 1"),
+    "diffusion": ((Dim("diffusion-graph", "choice", choices=("ring", "erdos-renyi", "full")),
+                   Dim("diffusion-combination", "choice", choices=("metropolis", "uniform"))),
+                  "the graph (ring, Erdos-Renyi p = 0.3, complete) and the combination rule; mu = lr, "
+                  "participation B7's"),
+    "fedproto": ((Dim("fedproto-lambda", "log", 0.1, 10.0),), "lambda over 0.1-10 (the paper's default 1)"),
+    "fedamp": ((Dim("fedamp-lambda", "log", 0.1, 10.0), Dim("fedamp-alpha-k", "linear", 0.1, 0.9)),
+               "lambda over 0.1-10, alpha_k over 0.1-0.9 (the released code's 0.5 in the middle)"),
+    "moon": ((Dim("moon-mu", "log", 0.1, 10.0),), "mu over the paper's grid {0.1, 1, 5, 10}"),
+}  # fmt: skip
+B7_METHODS = ("fedavg", "perfedavg", "fathom", "diffusion", "fedprox", "ditto", "scaffold", "fedrep", "fedper",
+              "pfedme", "apfl")  # fmt: skip
+KEY_FIELDS = ("dataset", "method", "phase", "config", "seed", "rounds")
+B7_RESULTS = REPO / "bench" / "results" / "personalised_table.json"
+
+
+def step_key(method: str) -> str:
+    return {"perfedavg": "perfedavg-beta", "diffusion": "diffusion-mu"}.get(method, "lr")
+
+
+def search_space(method: str, dataset: str, count: int = CONFIGS) -> list[dict]:
+    """The ``count`` configurations searched: B7's own keys at the shared lr, then Sobol points.
+
+    Each is the method's keys and ``lr`` (with the step sizes B7 ties to it); the same
+    method on the same dataset always gets the same list.
+    """
+    import torch
+
+    data = DATASETS[dataset]
+    shared = {"lr": data.lr(), **own_keys(method, data)}
+    dims, _ = SPACES[method]
+    cnn = data.model.startswith("cnn")
+    configs = [shared]
+    if count < 2:
+        return configs
+    points = torch.quasirandom.SobolEngine(1 + len(dims), scramble=True, seed=SOBOL_SEED).draw(count - 1).tolist()
+    for u in points:
+        lr = Dim("lr", "log", *LR_RANGE).value(u[0])
+        config = {**own_keys(method, data), "lr": lr}  # B7's fixed keys, then the searched ones over them
+        config.pop("perfedavg-curvature-bound", None)  # the searched variants take the contract's default
+        for dim, coordinate in zip(dims, u[1:], strict=True):
+            value = dim.value(coordinate)
+            if dim.key == "perfedavg-variant" and value == "x":
+                value = "so" if cnn else "hf"
+            config[dim.key] = value
+        configs.append(tie_steps(method, config, data.clients, data.per_round))
+    return configs
+
+
+def tie_steps(method: str, config: dict, clients: int, per_round: int) -> dict:
+    """The step sizes B7 ties to ``lr``, set from this configuration's ``lr``."""
+    lr = config["lr"]
+    ties = {"perfedavg": {"perfedavg-beta": lr}, "diffusion": {"diffusion-mu": lr}, "ditto": {"ditto-personal-lr": lr},
+            "apfl": {"apfl-alpha-lr": lr}}.get(method, {})  # fmt: skip
+    config = {**config, **ties}
+    if method == "pfedme":
+        config["pfedme-lambda"] = min(config["pfedme-lambda"], 0.5 / lr)
+    if method == "diffusion":
+        config["diffusion-participation"] = per_round / clients
+    return config
+
+
+def run_config(dataset: str, method: str, keys: dict, *, seed: int, rounds: int, validation: float,
+               folder: Path | None) -> dict:  # fmt: skip
+    data = DATASETS[dataset]
+    data_dir = {"data-dir": str(folder)} if data.config["dataset"] == "imagefolder" else {}
+    if data.needs and not data_dir:
+        data_dir = {"data-dir": str(SHARED_DATA / data.needs)}
+    config = {**SHARED, **data.shared, **data.config, **data_dir, "model": data.model, "strategy": method,
+              "seed": seed, "num-server-rounds": rounds, "eval-every": rounds, "num-threads": 1,
+              "fraction-fit": min(1.0, (data.per_round + 0.5) / data.clients), "min-available-clients": data.clients,
+              "validation-fraction": validation, **keys}  # fmt: skip
+    parse_settings(config)  # a bad key fails here, before any run starts
+    return config
+
+
+def one_run(config: dict, clients: int, rounds: int) -> dict:
+    """A run in this process; its final evaluation, or where it diverged."""
+    from bench.inprocess import InProcessRun
+
+    started = time.perf_counter()
+    run = InProcessRun(run_config=config, num_clients=clients)
+    visits = count_visits(run)
+    losses, grad_evals, non_finite = [], 0, 0
+    for _ in range(rounds):
+        metrics = run.step()
+        loss = metrics.get("train-loss")
+        losses.append(loss)
+        grad_evals += metrics.get("grad-evals", 0) + metrics.get("hvp-evals", 0)
+        non_finite = non_finite + 1 if loss is None or not math.isfinite(loss) else 0
+        if non_finite >= DIVERGED_ROUNDS:
+            return {"status": "diverged", "diverged-at": run.round, "train-loss-curve": losses,
+                    "grad-evals": grad_evals, "wall-seconds": time.perf_counter() - started}  # fmt: skip
+    final = run.evaluate()
+    tuner = run.strategy.tuner
+    return {"status": "completed", "accuracy": final.get("accuracy-client-mean"),
+            "global-accuracy": final.get("global-accuracy-client-mean"), "grad-evals": grad_evals,
+            "tuned-values": tuner.values() if tuner is not None else None, "train-loss-curve": losses,
+            "visits": {"min": min(visits), "median": statistics.median(visits), "max": max(visits)},
+            "wall-seconds": time.perf_counter() - started}  # fmt: skip
+
+
+def count_visits(run) -> list[int]:
+    """Each client's fit calls so far, counted as the run goes (what its personal state trained on)."""
+    visits = [0] * len(run.clients)
+    for index, proxy in enumerate(run.manager.all().values()):
+
+        def fit(ins, timeout, group_id, index=index, answer=proxy.fit):
+            visits[index] += 1
+            return answer(ins, timeout, group_id)
+
+        proxy.fit = fit
+    return visits
+
+
+PHASES = ("search", "test", "self-tuned", "all-clients")
+GAP = 5.0  # points under tuned FedAvg + update past which a method's gap is measured (the all-clients run)
+
+
+def selftuned_keys(method: str, dataset: str) -> dict | None:
+    """B7's shared setting with ``tune = "fathom"``, for a method whose contract is tunable (else None)."""
+    from app.registry import METHODS
+
+    if method == "fathom" or METHODS[method].contract.tunable is None:
+        return None
+    return {**search_space(method, dataset, 1)[0], "tune": "fathom"}
+
+
+def best_config(log: RunLog, dataset: str, method: str, rounds: int, configs: int) -> int | None:
+    """The index of the search's best-scoring configuration; None until every one of ``configs`` has run."""
+    scores = []
+    for index in range(configs):
+        result = log.get({"dataset": dataset, "method": method, "phase": "search", "config": index,
+                          "seed": SEARCH_SEED, "rounds": rounds})  # fmt: skip
+        if result is None:
+            return None
+        scores.append(score_of(result))
+    return max(range(configs), key=lambda i: (scores[i], -i))  # a tie goes to the earlier (B7's first)
+
+
+def score_of(result: dict) -> float:
+    accuracy = result.get("accuracy")
+    return accuracy if result["status"] == "completed" and accuracy is not None and math.isfinite(accuracy) else -1.0
+
+
+def jobs(log: RunLog, args: argparse.Namespace, phase: str) -> list[dict]:
+    """The phase's runs on every dataset asked for (a test run only once its method's search is complete)."""
+    out = []
+    for dataset in args.datasets:
+        for method in args.methods:
+            base = {"dataset": dataset, "method": method, "phase": phase, "rounds": args.rounds[dataset]}
+            if phase == "search":
+                out += [{**base, "config": i, "seed": SEARCH_SEED} for i in range(args.configs)]
+            elif phase == "test":
+                best = best_config(log, dataset, method, args.rounds[dataset], args.configs)
+                out += [] if best is None else [{**base, "config": best, "seed": s} for s in args.seeds]
+            elif phase == "self-tuned" and selftuned_keys(method, dataset) is not None:
+                out += [{**base, "config": -1, "seed": s} for s in args.seeds]
+            elif phase == "all-clients" and method in large_gaps(log, dataset, args):
+                best = best_config(log, dataset, method, args.rounds[dataset], args.configs)
+                out.append({**base, "config": best, "seed": SEARCH_SEED})
+    return out
+
+
+def tested_mean(log: RunLog, dataset: str, method: str, args: argparse.Namespace) -> float | None:
+    """The winner's mean test accuracy (%) over the seeds, once every seed has completed."""
+    best = best_config(log, dataset, method, args.rounds[dataset], args.configs)
+    if best is None:
+        return None
+    base = {"dataset": dataset, "method": method, "phase": "test", "config": best, "rounds": args.rounds[dataset]}
+    runs = [log.get({**base, "seed": seed}) for seed in args.seeds]
+    done = [r["accuracy"] for r in runs if r and r["status"] == "completed" and r.get("accuracy") is not None]
+    return 100 * statistics.mean(done) if len(done) == len(runs) else None
+
+
+def large_gaps(log: RunLog, dataset: str, args: argparse.Namespace) -> list[str]:
+    """The methods whose tuned test accuracy is more than ``GAP`` points under tuned FedAvg + update's."""
+    fedavg = tested_mean(log, dataset, "fedavg", args)
+    if fedavg is None:
+        return []
+    means = {m: tested_mean(log, dataset, m, args) for m in args.methods if m != "fedavg"}
+    return [m for m, mean in means.items() if mean is not None and mean < fedavg - GAP]
+
+
+def keys_of(job: dict) -> dict:
+    if job["phase"] == "self-tuned":
+        return selftuned_keys(job["method"], job["dataset"])
+    keys = search_space(job["method"], job["dataset"])[job["config"]]
+    if job["phase"] == "all-clients":  # the cause measured: visits; every client (agent) trains every round
+        keys = {**keys, "fraction-fit": 1.0, **({"diffusion-participation": 1.0} if job["method"] == "diffusion"
+                                                else {})}  # fmt: skip
+    return keys
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Claim and run the phase's jobs one at a time (a claim is a file, so workers never repeat a run)."""
+    log = RunLog(path=args.log, key_fields=KEY_FIELDS)
+    folder = image_folder(args.folder_cache) if "mnist-folder-dirichlet" in args.datasets else None
+    claims = args.log.parent / ".tuned_table_claims"
+    for job in jobs(log, args, args.phase):
+        claim = claims / log.key(job).replace("|", "_")
+        try:
+            os.close(os.open(claim, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            continue
+        if RunLog(path=args.log, key_fields=KEY_FIELDS).get(job) is not None:
+            continue
+        keys = keys_of(job)
+        data = DATASETS[job["dataset"]]
+        validation = VALIDATION if job["phase"] == "search" else 0.0
+        config = run_config(job["dataset"], job["method"], keys, seed=job["seed"], rounds=job["rounds"],
+                            validation=validation, folder=folder)  # fmt: skip
+        try:
+            result = one_run(config, data.clients, job["rounds"])
+        except Exception as err:  # a failing configuration is a row of the report, not the end of the table
+            result = {"status": f"failed: {type(err).__name__}: {err}"}
+        result = {**job, "keys": keys, "validation-fraction": validation, **result}
+        log.append(result)
+        acc = result.get("accuracy")
+        print(f"[worker {args.worker}] {job['dataset']} {job['method']} {job['phase']} config {job['config']} seed "
+              f"{job['seed']}: {result['status']}, acc {'n/a' if acc is None else f'{100 * acc:.1f}'} "
+              f"({result.get('wall-seconds', 0):.0f} s)", flush=True)  # fmt: skip
+
+
+def run_phase(args: argparse.Namespace, phase: str) -> None:
+    """``--workers`` processes of one thread each over the phase's jobs; wait for them."""
+    claims = args.log.parent / ".tuned_table_claims"
+    claims.mkdir(parents=True, exist_ok=True)
+    for stale in claims.iterdir():  # a claim outlives a stopped worker; what the log holds is what ran
+        stale.unlink()
+    command = [sys.executable, __file__, "--phase", phase, "--log", str(args.log), "--folder-cache",
+               str(args.folder_cache), "--configs", str(args.configs), "--datasets", *args.datasets,
+               "--methods", *args.methods, "--seeds", *map(str, args.seeds)]  # fmt: skip
+    if args.quick:
+        command.append("--quick")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    workers = [subprocess.Popen([*command, "--worker", str(i)], env=env) for i in range(args.workers)]
+    codes = [w.wait() for w in workers]
+    if any(codes):
+        raise SystemExit(f"B9: a worker exited with {codes}")
+
+
+def fmt(value: float | None, half: float | None = None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.1f}" if half is None else f"{value:.1f} ± {half:.1f}"
+
+
+def keys_text(method: str, keys: dict) -> str:
+    """The searched keys and the step size, as a run-config fragment."""
+    dims, _ = SPACES[method]
+    shown = ["lr", *(d.key for d in dims), *(["tune"] if "tune" in keys else [])]
+    shown = [k for k in shown if k in keys]
+    return " ".join(f"{k}={keys[k]:.3g}" if isinstance(keys[k], float) else f"{k}={keys[k]}" for k in shown)
+
+
+def report_of(log: RunLog, args: argparse.Namespace) -> dict:
+    """Per dataset and method: B7's row, every search score, the winner's test seeds, the self-tuned seeds."""
+    b7 = json.loads(B7_RESULTS.read_text())["datasets"] if B7_RESULTS.exists() else {}
+    out = {}
+    for dataset in args.datasets:
+        rounds, rows = args.rounds[dataset], {}
+        for method in args.methods:
+            base = {"dataset": dataset, "method": method, "rounds": rounds}
+
+            def find(phase: str, config: int, seed: int, base: dict = base) -> dict | None:
+                return log.get({**base, "phase": phase, "config": config, "seed": seed})
+
+            search = [find("search", i, SEARCH_SEED) for i in range(args.configs)]
+            row = {"b7": b7.get(dataset, {}).get("methods", {}).get(method) if not args.quick else None,
+                   "search": [None if r is None else {"keys": keys_text(method, r["keys"]), "status": r["status"],
+                                                      "score": r.get("accuracy") and 100 * r["accuracy"],
+                                                      "grad-evals": r.get("grad-evals")} for r in search]}  # fmt: skip
+            best = best_config(log, dataset, method, rounds, args.configs)
+            if best is not None:
+                tests = [find("test", best, s) for s in args.seeds]
+                validation = 100 * search[best]["accuracy"] if score_of(search[best]) >= 0 else None
+                chosen = keys_text(method, search[best]["keys"])
+                row["chosen"] = {"config": best, "keys": chosen, "validation": validation}
+                row["test"] = seeds_summary(tests, args.seeds)
+                row["search-grad-evals"] = sum(r.get("grad-evals") or 0 for r in search)
+                row["visits"] = next((r["visits"] for r in tests if r and "visits" in r), None)
+                every = find("all-clients", best, SEARCH_SEED)
+                if every is not None:
+                    row["all-clients"] = {"status": every["status"], "visits": every.get("visits"),
+                                          "accuracy": every.get("accuracy") and 100 * every["accuracy"],
+                                          "wall-seconds": every.get("wall-seconds")}  # fmt: skip
+            selftuned = [find("self-tuned", -1, s) for s in args.seeds]
+            if any(selftuned):
+                row["self-tuned"] = seeds_summary(selftuned, args.seeds)
+                row["self-tuned"]["grad-evals"] = statistics.mean(r.get("grad-evals") or 0 for r in selftuned if r)
+            rows[method] = row
+        if "fedavg" in rows:
+            for row in rows.values():
+                row["gap-to-fedavg"] = paired_gap(rows["fedavg"].get("test"), row.get("test"))
+                row["self-tuned-gap"] = paired_gap(row.get("test"), row.get("self-tuned"))
+        out[dataset] = {"label": DATASETS[dataset].label, "rounds": rounds, "methods": rows}
+    return out
+
+
+def seeds_summary(results: list[dict | None], seeds: list[int]) -> dict:
+    """Test accuracy (%) per seed, with the mean and 95% half-width once every seed completed."""
+    per_seed = {s: 100 * r["accuracy"] for s, r in zip(seeds, results, strict=True)
+                if r and r["status"] == "completed" and r.get("accuracy") is not None}  # fmt: skip
+    summary = {"per-seed": per_seed, "statuses": [r["status"] if r else "not run" for r in results]}
+    if len(per_seed) == len(seeds):
+        summary["accuracy"], summary["ci95"] = interval(list(per_seed.values()))
+    return summary
+
+
+def paired_gap(low: dict | None, high: dict | None) -> tuple[float, float] | None:
+    """``high`` minus ``low`` (points), mean and 95% half-width over the seeds both completed."""
+    if not low or not high:
+        return None
+    seeds = sorted(set(low["per-seed"]) & set(high["per-seed"]))
+    return interval([high["per-seed"][s] - low["per-seed"][s] for s in seeds]) if seeds else None
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# B9: every method tuned on the same budget ({CONFIGS} configurations, validation split "
+             f"{VALIDATION:g} of each client's training data, seed {SEARCH_SEED}; the winner on the test split, seeds "
+             f"{list(report['seeds'])})", ""]  # fmt: skip
+    for block in report["datasets"].values():
+        lines += [f"## {block['label']}: {block['rounds']} rounds", "",
+                  "| method | B7 shared setting (%) | tuned (%, 95% CI) | tuned - FedAvg tuned (seed-paired) | "
+                  "chosen configuration | its validation score | self-tuned from B7's setting (%) |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        ranked = sorted(block["methods"].items(), key=lambda kv: -(kv[1].get("test", {}).get("accuracy") or -1))
+        for method, row in ranked:
+            b7 = row.get("b7") or {}
+            test = row.get("test") or {}
+            gap = row.get("gap-to-fedavg")
+            chosen = row.get("chosen") or {}
+            selftuned = row.get("self-tuned") or {}
+            lines.append(f"| {method} | {fmt(b7.get('accuracy'), b7.get('ci95'))} | "
+                         f"{fmt(test.get('accuracy'), test.get('ci95'))} | "
+                         f"{'n/a' if gap is None or method == 'fedavg' else fmt(*gap)} | "
+                         f"`{chosen.get('keys', 'search incomplete')}` | {fmt(chosen.get('validation'))} | "
+                         f"{fmt(selftuned.get('accuracy'), selftuned.get('ci95'))} |")  # fmt: skip
+        gaps = [(m, r) for m, r in block["methods"].items() if r.get("all-clients")]
+        if gaps:
+            lines += ["", f"More than {GAP:g} points under tuned FedAvg + update, and the cause removed (seed "
+                      f"{SEARCH_SEED}, the chosen configuration with every client every round):", "",
+                      "| method | tuned, seed 0 (%) | visits per client in the tuned run (min / median / max) | "
+                      "all clients every round (%) |", "|---|---|---|---|"]  # fmt: skip
+            for method, row in gaps:
+                visits, every = row.get("visits") or {}, row["all-clients"]
+                seed0 = (row.get("test") or {}).get("per-seed", {}).get(SEARCH_SEED)
+                outcome = fmt(every["accuracy"]) if every["status"] == "completed" else every["status"]
+                lines.append(f"| {method} | {fmt(seed0)} | {visits.get('min')} / {visits.get('median')} / "
+                             f"{visits.get('max')} | {outcome} |")  # fmt: skip
+        lines += ["", "Every search score (validation accuracy, %; config 0 is B7's shared setting):", ""]
+        for method, row in block["methods"].items():
+            scores = ", ".join("not run" if r is None else f"{r['keys']}: "
+                               + (fmt(r["score"]) if r["status"] == "completed" else r["status"])
+                               for r in row["search"])  # fmt: skip
+            lines.append(f"- `{method}`: {scores}")
+        lines.append("")
+    lines += ["Search spaces (the step size log-uniform over "
+              f"{LR_RANGE[0]}-{LR_RANGE[1]} for every method, then):", ""]  # fmt: skip
+    lines += [f"- `{m}`: {why}" for m, (_, why) in SPACES.items() if m in report["methods"]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    from app.registry import METHODS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 configs of fedavg, fedprox and ditto, 5 rounds, "
+                        "one seed, the embedded data")  # fmt: skip
+    parser.add_argument("--datasets", nargs="+", default=["femnist", "mnist-folder-dirichlet"], choices=list(DATASETS))
+    parser.add_argument("--methods", nargs="+", default=list(B7_METHODS), choices=list(METHODS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(TEST_SEEDS))
+    parser.add_argument("--configs", type=int, default=CONFIGS)
+    parser.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
+    parser.add_argument("--workers", type=int, default=2, help="runs side by side, one thread each")
+    parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--folder-cache", type=Path, default=Path.home() / ".cache" / "stamen" / "b7-mnist-10k-folder")
+    parser.add_argument("--log", type=Path, default=REPO / "bench" / "results" / "tuned_table_runs.jsonl")
+    parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # a worker's
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.quick:
+        args.datasets, args.methods, args.seeds, args.configs = ["mnist-paper"], ["fedavg", "fedprox", "ditto"], [0], 2
+        args.log = QUICK_RESULTS / args.log.name
+    args.rounds = {d: 5 if args.quick else DATASETS[d].rounds for d in args.datasets}
+    unknown = [m for m in args.methods if m not in SPACES]
+    if unknown:
+        raise SystemExit(f"B9 has no search space for {unknown}; methods with one: {sorted(SPACES)}")
+    needed = [DATASETS[d].needs for d in args.datasets if DATASETS[d].needs]
+    missing = [folder for folder in needed if not (SHARED_DATA / folder).exists()]
+    if missing:
+        raise SystemExit(f"B9 needs {missing} under {SHARED_DATA}; leave those datasets out with --datasets")
+    if args.worker is not None:
+        return worker(args)
+    if not args.report_only:
+        for phase in args.phases:
+            run_phase(args, phase)
+    log = RunLog(path=args.log, key_fields=KEY_FIELDS)
+    report = {"benchmark": "B9", "quick": args.quick, "seeds": args.seeds, "configs": args.configs,
+              "validation-fraction": VALIDATION, "lr-range": LR_RANGE, "methods": args.methods,
+              "spaces": {m: SPACES[m][1] for m in args.methods}, "machine": machine(),
+              "date": time.strftime("%Y-%m-%d"),
+              "run-minutes": sum(r.get("wall-seconds", 0) for r in log.results.values()) / 60,
+              "datasets": report_of(log, args)}  # fmt: skip
+    out = args.log.with_name("tuned_table.json")
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
