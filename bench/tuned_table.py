@@ -248,6 +248,7 @@ def jobs(log: RunLog, args: argparse.Namespace, phase: str) -> list[dict]:
     """The phase's runs on every dataset asked for (a test run only once its method's search is complete)."""
     out = []
     for dataset in args.datasets:
+        gaps = large_gaps(log, dataset, args) if phase == "all-clients" else []
         for method in args.methods:
             base = {"dataset": dataset, "method": method, "phase": phase, "rounds": args.rounds[dataset]}
             if phase == "search":
@@ -257,7 +258,7 @@ def jobs(log: RunLog, args: argparse.Namespace, phase: str) -> list[dict]:
                 out += [] if best is None else [{**base, "config": best, "seed": s} for s in args.seeds]
             elif phase == "self-tuned" and selftuned_keys(method, dataset) is not None:
                 out += [{**base, "config": -1, "seed": s} for s in args.seeds]
-            elif phase == "all-clients" and method in large_gaps(log, dataset, args):
+            elif phase == "all-clients" and method in gaps:
                 best = best_config(log, dataset, method, args.rounds[dataset], args.configs)
                 out.append({**base, "config": best, "seed": SEARCH_SEED})
     return out
@@ -293,11 +294,16 @@ def keys_of(job: dict) -> dict:
     return keys
 
 
+def claims_dir(args: argparse.Namespace) -> Path:
+    """Where workers claim their runs: one empty file per run, beside the run log (git-ignored)."""
+    return args.log.parent / ".tuned_table_claims"
+
+
 def worker(args: argparse.Namespace) -> None:
     """Claim and run the phase's jobs one at a time (a claim is a file, so workers never repeat a run)."""
     log = RunLog(path=args.log, key_fields=KEY_FIELDS)
     folder = image_folder(args.folder_cache) if "mnist-folder-dirichlet" in args.datasets else None
-    claims = args.log.parent / ".tuned_table_claims"
+    claims = claims_dir(args)
     for job in jobs(log, args, args.phase):
         claim = claims / log.key(job).replace("|", "_")
         try:
@@ -325,7 +331,7 @@ def worker(args: argparse.Namespace) -> None:
 
 def run_phase(args: argparse.Namespace, phase: str) -> None:
     """``--workers`` processes of one thread each over the phase's jobs; wait for them."""
-    claims = args.log.parent / ".tuned_table_claims"
+    claims = claims_dir(args)
     claims.mkdir(parents=True, exist_ok=True)
     for stale in claims.iterdir():  # a claim outlives a stopped worker; what the log holds is what ran
         stale.unlink()
