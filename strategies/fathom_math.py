@@ -30,6 +30,17 @@ first tuned round's. On an initial plateau (FEMNIST: 4.13 = ln 62 at the start, 
 label prior's entropy on the plateau, 0.81 of it) consecutive updates disagree too, and
 halving the step there keeps the model on the plateau (docs/benchmarks.md, B2); a loss below
 what the label prior alone gives says the model has left it.
+
+With ``fathom-decay-test = "overshoot"`` (issue 39) a window decays only when its ``H`` is
+significantly *positive*, its mean 2 standard errors above 0: consecutive updates disagree, the
+step crosses the valley. That turns ``H``'s weak but consistent "slower" into a halving
+without taking a climb where updates merely stop agreeing (``H`` near 0) for stationarity.
+
+With ``fathom-setback = f`` > 0 (issue 39) the step is divided by ``fathom-decay-factor`` once
+the armed run's loss gives back a fraction ``f`` of its progress, ``L_t - L_min > f (L_1 - L_min)``
+with ``L_min`` the lowest loss so far, and again only after the loss has come back under that
+line: a large step's collapse shows in the loss at once, where ``H`` still reads agreement
+(B2 from lr 0.3).
 """
 
 from __future__ import annotations
@@ -61,6 +72,9 @@ class FathomState:
     decays: int = 0
     first_loss: float = math.nan  # L_1: the first tuned round's global loss (the test's gate)
     armed: bool = False  # whether the test has started (the gate opened)
+    lowest_loss: float = math.nan  # L_min: the lowest global loss so far (the setback test)
+    set_back: bool = False  # whether the loss is above the setback line now (it must come back under to fire again)
+    setbacks: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -119,6 +133,31 @@ def stationary(recent_h: np.ndarray, z: float = DECAY_Z) -> bool:
     return mean / (spread / math.sqrt(values.size)) > -z
 
 
+def overshooting(recent_h: np.ndarray, z: float = DECAY_Z) -> bool:
+    """Whether ``recent_h`` says the step is too large: its mean is above 0 by more than ``z`` standard errors.
+
+    ``H`` is positive while consecutive global updates point against each other, as an
+    oversized step's do across a valley; the test is one-sided on the t statistic.
+    """
+    values = np.asarray(recent_h, dtype=np.float64)
+    if values.size < 2:
+        return False
+    mean, spread = float(values.mean()), float(values.std(ddof=1))
+    if spread == 0:
+        return mean > 0
+    return mean / (spread / math.sqrt(values.size)) > z
+
+
+def setback(loss: float, first_loss: float, lowest_loss: float, fraction: float) -> bool:
+    """Whether ``loss`` has given back more than ``fraction`` of the progress ``first_loss - lowest_loss``.
+
+    Non-finite inputs are no setback; neither is a run that has made no progress.
+    """
+    if not all(math.isfinite(v) for v in (loss, first_loss, lowest_loss)) or lowest_loss >= first_loss:
+        return False
+    return loss - lowest_loss > fraction * (first_loss - lowest_loss)
+
+
 def gate_open(loss: float, first_loss: float, fraction: float) -> bool:
     """Whether the loss has fallen to ``fraction`` of the first round's; always with ``fraction`` 1.
 
@@ -164,8 +203,16 @@ def fathom_update(
     if settings.decay_window > 0 and state.smoothed_update is not None and armed:
         needed = decay_window(settings.decay_window, state.decays)
         recent_h = (*state.recent_h, hg.global_term)[-needed:]
-        if len(recent_h) == needed and stationary(np.array(recent_h)):
+        test = overshooting if settings.decay_test == "overshoot" else stationary
+        if len(recent_h) == needed and test(np.array(recent_h)):
             lr, recent_h, decays = clipped(lr / settings.decay_factor, settings.lr_bounds), (), decays + 1
+    lowest, set_back, setbacks = state.lowest_loss, state.set_back, state.setbacks
+    if settings.setback > 0 and armed:
+        set_back = setback(aggregate.start_loss, first_loss, lowest, settings.setback)
+        if set_back and not state.set_back:  # a fresh rise: once, until the loss comes back under the line
+            lr, recent_h, setbacks = clipped(lr / settings.decay_factor, settings.lr_bounds), (), setbacks + 1
+    if math.isfinite(aggregate.start_loss):
+        lowest = aggregate.start_loss if not math.isfinite(lowest) else min(lowest, aggregate.start_loss)
     new_state = replace(
         state,
         lr=lr,
@@ -178,5 +225,8 @@ def fathom_update(
         decays=decays,
         first_loss=first_loss,
         armed=armed,
+        lowest_loss=lowest,
+        set_back=set_back,
+        setbacks=setbacks,
     )
     return new_state, hg

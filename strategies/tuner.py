@@ -110,20 +110,28 @@ class FathomTuner:
             phis=np.array([float(reply.metrics[PHI]) for reply in replies]),
             start_loss=mean_start_loss(replies),
         )
-        decays, armed = self.state.decays, self.state.armed
+        decays, armed, setbacks = self.state.decays, self.state.armed, self.state.setbacks
         self.state, hg = fathom_update(self.state, aggregate, self.settings, work_bounds=self.work_bounds)
         signals = {"H": hg.global_term, "G": hg.local_term, "phi-mean": float(np.mean(aggregate.phis))}
-        if self.settings.decay_window > 0:
-            signals["lr-decays"] = float(self.state.decays)
+        if self.settings.setback > 0:
+            signals["lr-setbacks"] = float(self.state.setbacks)
+            if self.state.setbacks > setbacks:
+                log(INFO, "setback test: the global loss %.4g gave back over %s of its progress (%.4g -> %.4g); "
+                    "%s divided by %s to %.4g", aggregate.start_loss, self.settings.setback, self.state.first_loss,
+                    self.state.lowest_loss, self.keys["step"], self.settings.decay_factor, self.state.lr)  # fmt: skip
+        if self.settings.decay_window > 0 or self.settings.setback > 0:
+            if self.settings.decay_window > 0:
+                signals["lr-decays"] = float(self.state.decays)
             if self.settings.decay_arm < 1:
                 signals["decay-armed"] = float(self.state.armed)
                 if self.state.armed and not armed:
                     log(INFO, "stationarity test armed: the global loss %.4g is at most %s of the first round's %.4g",
                         aggregate.start_loss, self.settings.decay_arm, self.state.first_loss)  # fmt: skip
             if self.state.decays > decays:
-                log(INFO, "stationarity test: H's last %d values show no progress; %s divided by %s to %.4g",
-                    decay_window(self.settings.decay_window, decays), self.keys["step"], self.settings.decay_factor,
-                    self.state.lr)  # fmt: skip
+                reading = "say the step is too large" if self.settings.decay_test == "overshoot" else "show no progress"
+                log(INFO, "%s test: H's last %d values %s; %s divided by %s to %.4g", self.settings.decay_test,
+                    decay_window(self.settings.decay_window, decays), reading, self.keys["step"],
+                    self.settings.decay_factor, self.state.lr)  # fmt: skip
         return signals
 
     def probe_update(self, replies: list[Reply]) -> dict[str, float]:
@@ -157,6 +165,7 @@ class FathomTuner:
         arrays = {"fathom/smoothed-update": smoothed} if smoothed is not None else {}
         arrays["fathom/recent-h"] = np.array(state.recent_h, dtype=np.float64)
         arrays["fathom/loss-gate"] = np.array([state.first_loss, float(state.armed)])
+        arrays["fathom/setback"] = np.array([state.lowest_loss, float(state.set_back), float(state.setbacks)])
         if self.probe is not None:
             probe = self.probe
             arrays |= {"fathom/probe-sums": probe.sums, "fathom/probe-counts": probe.counts.astype(np.float64),
@@ -174,6 +183,9 @@ class FathomTuner:
         if "fathom/loss-gate" in arrays:  # checkpoints from before the gate have none: it stays as built
             first_loss, armed = (float(v) for v in arrays["fathom/loss-gate"])
             self.state = replace(self.state, first_loss=first_loss, armed=bool(armed))
+        if "fathom/setback" in arrays:
+            lowest, set_back, setbacks = (float(v) for v in arrays["fathom/setback"])
+            self.state = replace(self.state, lowest_loss=lowest, set_back=bool(set_back), setbacks=int(setbacks))
         if self.probe is not None:
             self.probe = ProbeTally(sums=np.asarray(arrays["fathom/probe-sums"], dtype=np.float64),
                                     counts=np.asarray(arrays["fathom/probe-counts"], dtype=np.int64),

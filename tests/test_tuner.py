@@ -223,6 +223,10 @@ def test_tuned_simulations_with_and_without_a_start_probe_record_their_trajector
         "probed-decay": {"tune": "fathom", "perfedavg-beta": 0.1, "fathom-gamma-lr": 0.2, "fathom-probe-rounds": 2,
                          "fathom-probe-points": 3, "fathom-decay-window": 2, "num-server-rounds": 7, "eval-every": 7,
                          "fraction-fit": 0.6},
+        # issue 39's rescue: the overshoot and setback tests behind a gate nearly open from the start
+        "rescued": {"strategy": "fedavg", "tune": "fathom", "lr": 0.1, "fathom-gamma-lr": 0.2, "fathom-decay-window": 2,
+                    "fathom-decay-test": "overshoot", "fathom-setback": 0.5, "fathom-decay-arm": 0.99,
+                    "num-server-rounds": 6, "eval-every": 6, "fraction-fit": 0.6},
     }  # fmt: skip
     runs = {name: {**config, "results-dir": str(tmp_path), "run-name": name} for name, config in runs.items()}
     with LocalSimulation(app_dir=REPO) as sim:
@@ -261,6 +265,13 @@ def test_tuned_simulations_with_and_without_a_start_probe_record_their_trajector
         halvings = before["lr-decays"] - previous
         expected = before["hp-perfedavg-beta"] * math.exp(-0.2 * before["H"]) / 2**halvings
         assert after["hp-perfedavg-beta"] == pytest.approx(expected)
+    # the rescue: each round's lr is the last one moved by exp(-gamma H), halved once per decay and per setback
+    rescued = [json.loads(line) for line in (tmp_path / "rescued" / "metrics.jsonl").read_text().splitlines()]
+    assert all("lr-setbacks" in r and "lr-decays" in r and "decay-armed" in r for r in rescued)
+    previous = [{"lr-decays": 0.0, "lr-setbacks": 0.0}, *rescued]
+    for earlier, before, after in zip(previous, rescued, rescued[1:], strict=False):
+        halvings = sum(before[key] - earlier[key] for key in ("lr-decays", "lr-setbacks"))
+        assert after["hp-lr"] == pytest.approx(before["hp-lr"] * math.exp(-0.2 * before["H"]) / 2**halvings)
 
 
 def test_a_probe_round_sends_each_slot_its_step_and_the_model_takes_the_middle_slot_alone():

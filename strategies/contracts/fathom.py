@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from strategies.contracts.common import Settings
 
 LOCAL_TERMS = ("cosine", "eq12")
+DECAY_TESTS = ("stationary", "overshoot")
 PHI, USED_BATCH = "phi", "used-batch-size"
 
 
@@ -61,6 +62,12 @@ class FathomSettings(MethodSettings):
                            "start-loss) has fallen to this fraction of its first tuned round's (1 = from the "
                            "start); below 1 an initial plateau is not taken for stationarity", above=0, at_most=1,
                            server_only=True)  # fmt: skip
+    decay_test: str = key("stationary", "what a decay window tests: stationary (its H shows no progress, mean not "
+                          "2 standard errors below 0) or overshoot (its H says the step is too large, mean 2 "
+                          "standard errors above 0)", choices=DECAY_TESTS, server_only=True)  # fmt: skip
+    setback: float = key(0.0, "setback test: divide the step size by decay-factor once the global loss gives back "
+                         "this fraction of the progress it has made since the first tuned round (once per rise; "
+                         "needs decay-arm below 1; 0 = off)", at_least=0, at_most=1, server_only=True)  # fmt: skip
     local_term: str = key("cosine", "cosine (the author's code) or eq12 (the paper's eq. 12, scaled by lr)",
                           choices=LOCAL_TERMS, server_only=True)  # fmt: skip
 
@@ -100,6 +107,11 @@ class FathomSettings(MethodSettings):
             if getattr(self, low) > getattr(self, high):
                 raise ConfigError(f"run config key 'fathom-{low.replace('_', '-')}': {getattr(self, low)} is above "
                                   f"'fathom-{high.replace('_', '-')}' = {getattr(self, high)}")  # fmt: skip
+
+        if self.setback > 0 and self.decay_arm >= 1:
+            raise ConfigError(f"run config key 'fathom-setback': {self.setback} needs 'fathom-decay-arm' below 1: it "
+                              "acts only once the loss has fallen that far, so that a noisy second round is not "
+                              "taken for a setback")  # fmt: skip
 
     def check_in(self, settings: Settings) -> None:
         if self.step not in ("", "lr"):  # as a strategy, FATHOM is FedAvg: its step size is lr
