@@ -118,3 +118,22 @@ def test_a_gap_past_five_points_gets_the_run_with_every_client_every_round(tmp_p
     keys = keys_of({"dataset": "femnist", "method": "diffusion", "phase": "all-clients", "config": 0})
     assert keys["fraction-fit"] == 1.0 and keys["diffusion-participation"] == 1.0
     assert keys["diffusion-mu"] == search_space("diffusion", "femnist")[0]["diffusion-mu"]
+
+
+def test_scaffolds_every_client_run_also_goes_at_b7s_setting_when_the_search_chose_another(tmp_path):
+    import argparse
+
+    from bench.tuned_table import jobs
+
+    log = RunLog(path=tmp_path / "runs.jsonl", key_fields=KEY_FIELDS)
+    args = argparse.Namespace(datasets=["femnist"], methods=["fedavg", "scaffold", "diffusion"], seeds=[0], configs=2,
+                              rounds={"femnist": 100})  # fmt: skip
+    scores = {"fedavg": (0.7, 0.5), "scaffold": (0.1, 0.2), "diffusion": (0.07, 0.06)}  # scaffold chooses config 1
+    for method, (first, second) in scores.items():
+        record(log, method, 0, accuracy=first)
+        record(log, method, 1, accuracy=second)
+        best = 0 if first >= second else 1
+        log.append({"dataset": "femnist", "method": method, "phase": "test", "config": best, "seed": 0,
+                    "rounds": 100, "status": "completed", "accuracy": max(first, second)})  # fmt: skip
+    planned = sorted((j["method"], j["config"]) for j in jobs(log, args, "all-clients"))
+    assert planned == [("diffusion", 0), ("scaffold", 0), ("scaffold", 1)]  # diffusion's winner is B7's already
