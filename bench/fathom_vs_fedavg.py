@@ -63,6 +63,9 @@ PROBE_DECAY = PROBE | DECAY
 # ... with the test started only once the global loss is 0.7 of its first round's (issue 26's third attempt):
 # FEMNIST's initial plateau sits at the label prior's entropy, 3.35 = 0.81 x ln 62, which the gate must clear
 PROBE_GATED = PROBE_DECAY | {"fathom-decay-arm": 0.7}
+# issue 39: no probe; the lr halves once 5 x 2^k rounds of H say it is too large (overshoot test) or once the global
+# loss gives back half its progress (setback test), both after the same gate; the same keys as B5's rescue
+RESCUE = {"fathom-decay-window": 5, "fathom-decay-test": "overshoot", "fathom-setback": 0.5, "fathom-decay-arm": 0.7}
 TARGET_SHARE = 0.95
 PLATEAU_ROUNDS = 10
 ESCAPE_LEVEL = 0.2  # accuracy that ends the initial plateau (the commonest class is 8.8% of the test data)
@@ -143,7 +146,8 @@ def summarise(records: list[dict]) -> dict:
     evaluated = [(r["round"], r["central-accuracy"], g) for r, g in pairs]
     hyper = [f"hp-{key}" for key in ("lr", "local-epochs", "batch-size") if f"hp-{key}" in records[0]]
     # the hypergradients behind each move and the test's decays; a probe's rounds have none, so look at every round
-    hyper += [key for key in ("H", "G", "lr-decays") if any(key in r for r in records)]
+    signals = ("H", "G", "lr-decays", "lr-setbacks", "decay-armed", "start-loss")
+    hyper += [key for key in signals if any(key in r for r in records)]
     return {
         "curve": [(t, a) for t, a, _ in evaluated],
         "grads-at-eval": [g for _, _, g in evaluated],
@@ -240,6 +244,9 @@ def arms_of(baseline: Start, *, fix: bool) -> list[Arm]:
     # the probe and the gated test from above and from the tuned start (then from lr 0.01)
     arms += [(Start(start.label, start.lr, start.batch, "probe-gated", tuple(PROBE_GATED.items())), "fathom")
              for start in (Start("above", ABOVE_LR, baseline.batch), baseline, starts[1])]  # fmt: skip
+    # the overshoot and setback tests (issue 39) from above and from the tuned start
+    arms += [(Start(start.label, start.lr, start.batch, "rescue", tuple(RESCUE.items())), "fathom")
+             for start in (Start("above", ABOVE_LR, baseline.batch), baseline)]  # fmt: skip
     return arms
 
 
@@ -524,7 +531,8 @@ def plot(rep: dict, runs: dict[str, list[dict]], path: Path) -> None:
                "bad lr|fix-sm0.9": "tab:purple", "above": "tab:brown", "baseline|probe": "tab:cyan",
                "bad lr|probe": "tab:olive", "above|probe": "tab:pink", "baseline|decay": "tab:gray",
                "baseline|probe-decay": "black", "bad lr|probe-decay": "gold", "above|probe-gated": "tab:red",
-               "baseline|probe-gated": "navy", "bad lr|probe-gated": "darkgreen"}  # fmt: skip
+               "baseline|probe-gated": "navy", "bad lr|probe-gated": "darkgreen", "above|rescue": "magenta",
+               "baseline|rescue": "teal"}  # fmt: skip
     for key, results in runs.items():
         label, method, *variant = key.split("|")
         colour = colours["|".join([label, *variant])]

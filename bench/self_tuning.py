@@ -60,7 +60,14 @@ GAMMA = 0.1
 TUNER = {"tune": "fathom", "fathom-gamma-lr": GAMMA, "fathom-gamma-epochs": 0.0, "fathom-gamma-batch": 0.0}
 PROBE = {"fathom-probe-rounds": 3}  # the tuner's start probe: 3 rounds trying the start x 3^k, k = -2..2
 DECAY = {"fathom-decay-window": 5}  # the stationarity test: halve the step once 5 x 2^k rounds of H show no progress
-PROBED = ("perfedavg", "fedavg")  # the methods whose bad starts also run with the probe, and with the test
+# issue 39: halve the step once 5 x 2^k rounds of H say it is too large (mean 2 standard errors above 0), or once
+# the loss gives back half its progress; both start when the loss is at 0.7 of its first round's (B2's gate)
+RESCUE = {"fathom-decay-window": 5, "fathom-decay-test": "overshoot", "fathom-setback": 0.5, "fathom-decay-arm": 0.7}
+# variant -> (its keys, its words in a label, its kind in a run's folder name); the tuner's bad-start rescues
+VARIANTS = {"probe": (PROBE, "the start probe", "probed"), "decay": (DECAY, "the stationarity test", "decayed"),
+            "rescue": (RESCUE, "the overshoot and setback tests", "rescued")}  # fmt: skip
+PROBED = ("perfedavg", "fedavg")  # the methods whose bad starts also run with each variant
+LINE_STYLES = {None: "-", "probe": "--", "decay": "-.", "rescue": ":"}
 METHODS = {"perfedavg": ("Per-FedAvg HF", "perfedavg-beta"), "fedavg": ("FedAvg + update", "lr"),
            "alpha": (f"Per-FedAvg HF (beta = {ALPHA_BETA})", "perfedavg-alpha")}  # fmt: skip
 
@@ -76,16 +83,15 @@ def configurations(methods: tuple[str, ...]) -> list[dict]:
             out.append({"method": method, "label": f"{label} + tuner from {step_key} = {step}", "step": step,
                         "tuned": True})  # fmt: skip
         if method in PROBED:
-            out += [{"method": method, "label": f"{label} + tuner with the start probe from {step_key} = {step}",
-                     "step": step, "tuned": True, "probe": True} for step in TUNED_STARTS[method]]  # fmt: skip
-            out += [{"method": method, "label": f"{label} + tuner with the stationarity test from {step_key} = {step}",
-                     "step": step, "tuned": True, "decay": True} for step in TUNED_STARTS[method]]  # fmt: skip
+            out += [{"method": method, "label": f"{label} + tuner with {words} from {step_key} = {step}",
+                     "step": step, "tuned": True, "variant": variant}
+                    for variant, (_, words, _) in VARIANTS.items() for step in TUNED_STARTS[method]]  # fmt: skip
     return out
 
 
 def run_key(seed: int, case: dict, rounds: int) -> str:
-    probe = "|probe" if case.get("probe") else "|decay" if case.get("decay") else ""
-    return f"{seed}|{case['label']}|{rounds}|gamma={GAMMA if case['tuned'] else 0}{probe}"
+    variant = f"|{case['variant']}" if case.get("variant") else ""
+    return f"{seed}|{case['label']}|{rounds}|gamma={GAMMA if case['tuned'] else 0}{variant}"
 
 
 def summarise(run_dir: Path, step_key: str) -> dict:
@@ -107,7 +113,7 @@ def summarise(run_dir: Path, step_key: str) -> dict:
 
 def run_case(sim: LocalSimulation, case: dict, *, seed: int, rounds: int, data_dir: Path, results: str,
              federation: str) -> dict:  # fmt: skip
-    kind = "probed" if case.get("probe") else "decayed" if case.get("decay") else "tuned" if case["tuned"] else "fixed"
+    kind = VARIANTS[case["variant"]][2] if case.get("variant") else "tuned" if case["tuned"] else "fixed"
     name = f"s{seed}-{case['method']}-{kind}-{case['step']}"
     if case["method"] == "alpha":
         config = run_config(Row(ROW.tau, case["step"]), "perfedavg", "hf", beta=ALPHA_BETA, rounds=rounds, seed=seed,
@@ -118,7 +124,7 @@ def run_case(sim: LocalSimulation, case: dict, *, seed: int, rounds: int, data_d
                             data_dir=data_dir, results=results, name=name)  # fmt: skip
     config["eval-every"] = max(1, rounds // 4)
     if case["tuned"]:
-        config.update(TUNER | (PROBE if case.get("probe") else {}) | (DECAY if case.get("decay") else {}))
+        config.update(TUNER | (VARIANTS[case["variant"]][0] if case.get("variant") else {}))
         if case["method"] == "alpha":  # alpha moves instead of beta; the evaluation adapts with the alpha in force
             config.update({"fathom-step": "perfedavg-alpha", "adapt-lr": 0.0})
     outcome = sim.run(run_config=config, num_supernodes=NUM_USERS, extra_federation=federation)
@@ -203,18 +209,17 @@ def plot(rep: dict, runs: dict[str, list[dict]], cases: list[dict], path: Path) 
             for r in runs.get(case["label"], []):
                 if case["tuned"]:
                     colour = "tab:blue" if case["step"] == min(TUNED_STARTS[method]) else "tab:red"
-                    probe = case.get("probe", False)
+                    variant = case.get("variant")
+                    words = f" with {VARIANTS[variant][1]}" if variant else ""
                     ax.plot(range(1, len(r["trajectory"]) + 1), r["trajectory"], color=colour, alpha=0.7,
-                            ls="--" if probe else "-",
-                            label=f"tuned{' with the probe' if probe else ''} from {case['step']}"
+                            ls=LINE_STYLES[variant], label=f"tuned{words} from {case['step']}"
                             if r["seed"] == rep["seeds"][0] else None)  # fmt: skip
             if not case["tuned"]:
                 ax.axhline(case["step"], color="grey", lw=0.8, ls=":")
         ax.set_yscale("log")
         ax.set_xlabel("round")
         ax.set_ylabel(f"{step_key} in force")
-        ax.set_title(f"{label}: step size per round (dotted: the fixed sweep; dashed: with the start probe)",
-                     fontsize=9)  # fmt: skip
+        ax.set_title(f"{label}: step size per round (grey: the fixed sweep)", fontsize=9)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()
