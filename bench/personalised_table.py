@@ -127,22 +127,43 @@ METHOD_KEYS: dict[str, tuple[dict, str]] = {
 KEY_FIELDS = ("dataset", "method", "seed", "rounds")
 
 
+# the step sizes B7 ties to the shared lr (B9 ties them to each configuration's lr the same way)
+TIED_STEPS = {"perfedavg": "perfedavg-beta", "diffusion": "diffusion-mu", "ditto": "ditto-personal-lr",
+              "apfl": "apfl-alpha-lr"}  # fmt: skip
+
+
+def tied_steps(method: str, lr: float, dataset: Dataset) -> dict:
+    """The keys B7 sets from the step size: the tied step size, and diffusion's participation (B7's clients a round)."""
+    keys = {TIED_STEPS[method]: lr} if method in TIED_STEPS else {}
+    if method == "diffusion":
+        keys["diffusion-participation"] = dataset.per_round / dataset.clients
+    return keys
+
+
 def own_keys(method: str, dataset: Dataset) -> dict:
     """``METHOD_KEYS``' values, with the step sizes they name tied to the dataset's shared lr."""
     keys, lr, cnn = dict(METHOD_KEYS.get(method, ({}, ""))[0]), dataset.lr(), dataset.model.startswith("cnn")
     if method == "perfedavg":
-        keys.update({"perfedavg-beta": lr, "perfedavg-alpha": 0.01 if cnn else 0.05,
-                     "perfedavg-variant": "so" if cnn else "hf",
+        keys.update({"perfedavg-alpha": 0.01 if cnn else 0.05, "perfedavg-variant": "so" if cnn else "hf",
                      "perfedavg-curvature-bound": 0.0})  # fmt: skip  # the paper's estimator, as B7 was run
-    elif method == "diffusion":
-        keys.update({"diffusion-mu": lr, "diffusion-participation": dataset.per_round / dataset.clients})
-    elif method == "ditto":
-        keys["ditto-personal-lr"] = lr
     elif method == "pfedme" and lr * keys["pfedme-lambda"] >= 1:
         keys["pfedme-lambda"] = 0.5 / lr
-    elif method == "apfl":
-        keys["apfl-alpha-lr"] = lr
-    return keys
+    return keys | tied_steps(method, lr, dataset)
+
+
+def data_dir_of(dataset: Dataset, folder: Path | None) -> dict:
+    """The ``data-dir`` key a dataset needs: the image folder written for it, or its folder under ../shared/data."""
+    if dataset.config["dataset"] == "imagefolder" and folder is not None:
+        return {"data-dir": str(folder)}
+    return {"data-dir": str(SHARED_DATA / dataset.needs)} if dataset.needs else {}
+
+
+def base_config(method: str, dataset: Dataset, *, seed: int, rounds: int, folder: Path | None) -> dict:
+    """What every B7 and B9 run of ``method`` on ``dataset`` shares: the data, the model, B7's clients a round."""
+    return {**SHARED, **dataset.shared, **dataset.config, **data_dir_of(dataset, folder), "model": dataset.model,
+            "strategy": method, "seed": seed, "num-server-rounds": rounds,
+            "fraction-fit": min(1.0, (dataset.per_round + 0.5) / dataset.clients),
+            "min-available-clients": dataset.clients}  # fmt: skip
 
 
 def image_folder(cache: Path) -> Path:
@@ -157,15 +178,9 @@ def image_folder(cache: Path) -> Path:
 
 
 def run_config(method: str, dataset: Dataset, *, seed: int, rounds: int, results: str, name: str, folder: Path) -> dict:
-    data_dir = {"data-dir": str(SHARED_DATA / dataset.needs)} if dataset.needs else {}
-    if dataset.config["dataset"] == "imagefolder":
-        data_dir = {"data-dir": str(folder)}
-    config = {**SHARED, **dataset.shared, **dataset.config, **data_dir, "model": dataset.model, "strategy": method,
-              "seed": seed,
-              "num-server-rounds": rounds, "eval-every": max(1, rounds // 2),
-              "fraction-fit": min(1.0, (dataset.per_round + 0.5) / dataset.clients),
-              "min-available-clients": dataset.clients,
-              "results-dir": results, "run-name": name, **own_keys(method, dataset)}  # fmt: skip
+    config = {**base_config(method, dataset, seed=seed, rounds=rounds, folder=folder),
+              "eval-every": max(1, rounds // 2), "results-dir": results, "run-name": name,
+              **own_keys(method, dataset)}  # fmt: skip
     parse_settings(config)  # a bad key fails here, before any run starts
     return config
 

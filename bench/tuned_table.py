@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from app.config import parse_settings  # noqa: E402
 from bench.common import QUICK_RESULTS, SHARED_DATA, RunLog, interval, machine  # noqa: E402
-from bench.personalised_table import DATASETS, SHARED, image_folder, own_keys  # noqa: E402
+from bench.personalised_table import DATASETS, Dataset, base_config, image_folder, own_keys, tied_steps  # noqa: E402
 
 CONFIGS = 8  # per method and dataset, B7's shared setting included
 VALIDATION = 0.2  # the share of each client's training data the search scores on
@@ -144,33 +144,26 @@ def search_space(method: str, dataset: str, count: int = CONFIGS) -> list[dict]:
             if dim.key == "perfedavg-variant" and value == "x":
                 value = "so" if cnn else "hf"
             config[dim.key] = value
-        configs.append(tie_steps(method, config, data.clients, data.per_round))
+        configs.append(tie_steps(method, config, data))
     return configs
 
 
-def tie_steps(method: str, config: dict, clients: int, per_round: int) -> dict:
-    """The step sizes B7 ties to ``lr``, set from this configuration's ``lr``."""
-    lr = config["lr"]
-    ties = {"perfedavg": {"perfedavg-beta": lr}, "diffusion": {"diffusion-mu": lr}, "ditto": {"ditto-personal-lr": lr},
-            "apfl": {"apfl-alpha-lr": lr}}.get(method, {})  # fmt: skip
-    config = {**config, **ties}
+def tie_steps(method: str, config: dict, data: Dataset) -> dict:
+    """The step sizes B7 ties to ``lr``, set from this configuration's ``lr``.
+
+    pFedMe's lambda is capped at 0.5 / lr in every configuration (B7 caps it only once
+    lr x lambda reaches 1): its personal problem needs lr x lambda < 1 to contract.
+    """
+    config = {**config, **tied_steps(method, config["lr"], data)}
     if method == "pfedme":
-        config["pfedme-lambda"] = min(config["pfedme-lambda"], 0.5 / lr)
-    if method == "diffusion":
-        config["diffusion-participation"] = per_round / clients
+        config["pfedme-lambda"] = min(config["pfedme-lambda"], 0.5 / config["lr"])
     return config
 
 
 def run_config(dataset: str, method: str, keys: dict, *, seed: int, rounds: int, validation: float,
                folder: Path | None) -> dict:  # fmt: skip
-    data = DATASETS[dataset]
-    data_dir = {"data-dir": str(folder)} if data.config["dataset"] == "imagefolder" else {}
-    if data.needs and not data_dir:
-        data_dir = {"data-dir": str(SHARED_DATA / data.needs)}
-    config = {**SHARED, **data.shared, **data.config, **data_dir, "model": data.model, "strategy": method,
-              "seed": seed, "num-server-rounds": rounds, "eval-every": rounds, "num-threads": 1,
-              "fraction-fit": min(1.0, (data.per_round + 0.5) / data.clients), "min-available-clients": data.clients,
-              "validation-fraction": validation, **keys}  # fmt: skip
+    config = {**base_config(method, DATASETS[dataset], seed=seed, rounds=rounds, folder=folder),
+              "eval-every": rounds, "num-threads": 1, "validation-fraction": validation, **keys}  # fmt: skip
     parse_settings(config)  # a bad key fails here, before any run starts
     return config
 
