@@ -207,7 +207,7 @@ def fathom_update(
         if len(recent_h) == needed and test(np.array(recent_h)):
             lr, recent_h, decays = clipped(lr / settings.decay_factor, settings.lr_bounds), (), decays + 1
     lowest, set_back, setbacks = state.lowest_loss, state.set_back, state.setbacks
-    if settings.setback > 0 and armed:
+    if settings.setback > 0 and armed and math.isfinite(aggregate.start_loss):  # no loss: the line's side stands
         set_back = setback(aggregate.start_loss, first_loss, lowest, settings.setback)
         if set_back and not state.set_back:  # a fresh rise: once, until the loss comes back under the line
             lr, recent_h, setbacks = clipped(lr / settings.decay_factor, settings.lr_bounds), (), setbacks + 1

@@ -87,6 +87,13 @@ def test_setback_halves_once_per_rise_and_again_after_the_loss_came_back():
     assert states[-1].lowest_loss == 2.0
 
 
+def test_a_round_without_a_loss_is_not_a_fresh_rise():
+    settings = FathomSettings(**STILL, setback=0.5, decay_arm=0.7)
+    losses = [4.0, 2.0, 3.5, math.nan, 3.6]  # above the line (3.0), no loss reported, still above: one setback
+    states = run_updates(settings, [(1.0, 0.0)] * len(losses), losses)
+    assert [s.setbacks for s in states] == [0, 0, 1, 1, 1]
+
+
 def test_setback_waits_for_the_gate():
     # 4.0 -> 3.0 is progress, but the gate (0.5 * 4.0 = 2.0) is shut, so the rise to 3.9 is no setback
     states = run_updates(FathomSettings(**STILL, setback=0.5, decay_arm=0.5), [(1.0, 0.0)] * 3, [4.0, 3.0, 3.9])
