@@ -38,9 +38,11 @@ without taking a climb where updates merely stop agreeing (``H`` near 0) for sta
 
 With ``fathom-setback = f`` > 0 (issue 39) the step is divided by ``fathom-decay-factor`` once
 the armed run's loss gives back a fraction ``f`` of its progress, ``L_t - L_min > f (L_1 - L_min)``
-with ``L_min`` the lowest loss so far, and again only after the loss has come back under that
-line: a large step's collapse shows in the loss at once, where ``H`` still reads agreement
-(B2 from lr 0.3).
+with ``L_min`` the lowest loss so far, and again only once the loss has reached a new lowest
+value since: a large step's collapse shows in the loss at once, where ``H`` still reads
+agreement (B2 from lr 0.3). Re-arming on a new minimum, not on the loss coming back under
+the line, keeps a model that has fallen back onto a plateau, whose loss hovers about the
+line, from halving its step at every noisy crossing (B2, seed 2: 19 halvings to the floor).
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ class FathomState:
     first_loss: float = math.nan  # L_1: the first tuned round's global loss (the test's gate)
     armed: bool = False  # whether the test has started (the gate opened)
     lowest_loss: float = math.nan  # L_min: the lowest global loss so far (the setback test)
-    set_back: bool = False  # whether the loss is above the setback line now (it must come back under to fire again)
+    setback_floor: float = math.nan  # L_min when the last setback fired: the next needs a lower one (nan: none yet)
     setbacks: int = 0
 
 
@@ -206,11 +208,11 @@ def fathom_update(
         test = overshooting if settings.decay_test == "overshoot" else stationary
         if len(recent_h) == needed and test(np.array(recent_h)):
             lr, recent_h, decays = clipped(lr / settings.decay_factor, settings.lr_bounds), (), decays + 1
-    lowest, set_back, setbacks = state.lowest_loss, state.set_back, state.setbacks
-    if settings.setback > 0 and armed and math.isfinite(aggregate.start_loss):  # no loss: the line's side stands
-        set_back = setback(aggregate.start_loss, first_loss, lowest, settings.setback)
-        if set_back and not state.set_back:  # a fresh rise: once, until the loss comes back under the line
-            lr, recent_h, setbacks = clipped(lr / settings.decay_factor, settings.lr_bounds), (), setbacks + 1
+    lowest, floor, setbacks = state.lowest_loss, state.setback_floor, state.setbacks
+    fresh = not math.isfinite(floor) or lowest < floor  # progress since the last setback (or none yet)
+    if settings.setback > 0 and armed and fresh and setback(aggregate.start_loss, first_loss, lowest, settings.setback):
+        lr, recent_h, setbacks = clipped(lr / settings.decay_factor, settings.lr_bounds), (), setbacks + 1
+        floor = lowest
     if math.isfinite(aggregate.start_loss):
         lowest = aggregate.start_loss if not math.isfinite(lowest) else min(lowest, aggregate.start_loss)
     new_state = replace(
@@ -226,7 +228,7 @@ def fathom_update(
         first_loss=first_loss,
         armed=armed,
         lowest_loss=lowest,
-        set_back=set_back,
+        setback_floor=floor,
         setbacks=setbacks,
     )
     return new_state, hg

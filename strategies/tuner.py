@@ -165,7 +165,7 @@ class FathomTuner:
         arrays = {"fathom/smoothed-update": smoothed} if smoothed is not None else {}
         arrays["fathom/recent-h"] = np.array(state.recent_h, dtype=np.float64)
         arrays["fathom/loss-gate"] = np.array([state.first_loss, float(state.armed)])
-        arrays["fathom/setback"] = np.array([state.lowest_loss, float(state.set_back), float(state.setbacks)])
+        arrays["fathom/setback"] = np.array([state.lowest_loss, state.setback_floor, float(state.setbacks)])
         if self.probe is not None:
             probe = self.probe
             arrays |= {"fathom/probe-sums": probe.sums, "fathom/probe-counts": probe.counts.astype(np.float64),
@@ -184,8 +184,8 @@ class FathomTuner:
             first_loss, armed = (float(v) for v in arrays["fathom/loss-gate"])
             self.state = replace(self.state, first_loss=first_loss, armed=bool(armed))
         if "fathom/setback" in arrays:
-            lowest, set_back, setbacks = (float(v) for v in arrays["fathom/setback"])
-            self.state = replace(self.state, lowest_loss=lowest, set_back=bool(set_back), setbacks=int(setbacks))
+            lowest, floor, setbacks = (float(v) for v in arrays["fathom/setback"])
+            self.state = replace(self.state, lowest_loss=lowest, setback_floor=floor, setbacks=int(setbacks))
         if self.probe is not None:
             self.probe = ProbeTally(sums=np.asarray(arrays["fathom/probe-sums"], dtype=np.float64),
                                     counts=np.asarray(arrays["fathom/probe-counts"], dtype=np.int64),

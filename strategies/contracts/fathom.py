@@ -66,8 +66,9 @@ class FathomSettings(MethodSettings):
                           "2 standard errors below 0) or overshoot (its H says the step is too large, mean 2 "
                           "standard errors above 0)", choices=DECAY_TESTS, server_only=True)  # fmt: skip
     setback: float = key(0.0, "setback test: divide the step size by decay-factor once the global loss gives back "
-                         "this fraction of the progress it has made since the first tuned round (once per rise; "
-                         "needs decay-arm below 1; 0 = off)", at_least=0, at_most=1, server_only=True)  # fmt: skip
+                         "this fraction of the progress it has made since the first tuned round (again only after "
+                         "a new lowest loss; needs decay-arm below 1; 0 = off)", at_least=0, at_most=1,
+                         server_only=True)  # fmt: skip
     local_term: str = key("cosine", "cosine (the author's code) or eq12 (the paper's eq. 12, scaled by lr)",
                           choices=LOCAL_TERMS, server_only=True)  # fmt: skip
 
