@@ -125,8 +125,9 @@ class FathomTuner:
             if self.settings.decay_arm < 1:
                 signals["decay-armed"] = float(self.state.armed)
                 if self.state.armed and not armed:
-                    log(INFO, "stationarity test armed: the global loss %.4g is at most %s of the first round's %.4g",
-                        aggregate.start_loss, self.settings.decay_arm, self.state.first_loss)  # fmt: skip
+                    log(INFO, "loss gate open, the decay tests armed: the global loss %.4g is at most %s of the "
+                        "first round's %.4g", aggregate.start_loss, self.settings.decay_arm,
+                        self.state.first_loss)  # fmt: skip
             if self.state.decays > decays:
                 reading = "say the step is too large" if self.settings.decay_test == "overshoot" else "show no progress"
                 log(INFO, "%s test: H's last %d values %s; %s divided by %s to %.4g", self.settings.decay_test,
