@@ -120,19 +120,29 @@ def clipped(value: float, bounds: tuple[float, float]) -> float:
 DECAY_Z = 2.0  # progress must be 2 standard errors clear of none; a window of zero-mean noise nearly always decays
 
 
+def t_statistic(recent_h: np.ndarray) -> float | None:
+    """The one-sample t statistic of ``recent_h`` against 0; ``None`` under two values.
+
+    Identical values give ``+-inf`` by their sign (0 when they are all 0): no spread, so any
+    nonzero mean is as clear as it gets.
+    """
+    values = np.asarray(recent_h, dtype=np.float64)
+    if values.size < 2:
+        return None
+    mean, spread = float(values.mean()), float(values.std(ddof=1))
+    if spread == 0:
+        return math.copysign(math.inf, mean) if mean != 0 else 0.0
+    return mean / (spread / math.sqrt(values.size))
+
+
 def stationary(recent_h: np.ndarray, z: float = DECAY_Z) -> bool:
     """Whether ``recent_h`` shows no progress: its mean is not below 0 by ``z`` standard errors or more.
 
     ``H = -cos(Delta_t, Delta_sm)`` is negative while consecutive global updates agree, so
     progress is a mean ``H`` clearly below 0; the test is one-sided on the t statistic.
     """
-    values = np.asarray(recent_h, dtype=np.float64)
-    if values.size < 2:
-        return False
-    mean, spread = float(values.mean()), float(values.std(ddof=1))
-    if spread == 0:
-        return mean >= 0  # identical values: no progress unless they all say the updates agree
-    return mean / (spread / math.sqrt(values.size)) > -z
+    t = t_statistic(recent_h)
+    return t is not None and t > -z
 
 
 def overshooting(recent_h: np.ndarray, z: float = DECAY_Z) -> bool:
@@ -141,13 +151,8 @@ def overshooting(recent_h: np.ndarray, z: float = DECAY_Z) -> bool:
     ``H`` is positive while consecutive global updates point against each other, as an
     oversized step's do across a valley; the test is one-sided on the t statistic.
     """
-    values = np.asarray(recent_h, dtype=np.float64)
-    if values.size < 2:
-        return False
-    mean, spread = float(values.mean()), float(values.std(ddof=1))
-    if spread == 0:
-        return mean > 0
-    return mean / (spread / math.sqrt(values.size)) > z
+    t = t_statistic(recent_h)
+    return t is not None and t > z
 
 
 def setback(loss: float, first_loss: float, lowest_loss: float, fraction: float) -> bool:
