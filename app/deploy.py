@@ -40,6 +40,8 @@ FLOWER_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
     "FLWR_DISABLE_UPDATE_CHECK": "1",
 }
+PORT_IN_USE = "address already in use"  # what a SuperLink or SuperNode logs when another process took its port
+PORT_TRIES = 3  # starts of one process, each on a fresh port, before the deployment gives up
 
 
 # ------------------------------------------------------------------ credentials
@@ -146,16 +148,67 @@ class Started:
             pass
 
 
+def listener_of(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` holds a TCP socket listening on ``port``; None where ``/proc`` cannot tell.
+
+    Something answering on the port is not enough: when another process took the port,
+    a connection succeeds while the process started for it is about to exit.
+    """
+    listening = set()
+    for table in (Path("/proc/net/tcp"), Path("/proc/net/tcp6")):
+        if not table.exists():
+            continue
+        for row in table.read_text().splitlines()[1:]:
+            fields = row.split()  # sl, local address:port (hex), remote, state (0A: listen), ..., inode
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                listening.add(f"socket:[{fields[9]}]")
+    try:
+        descriptors = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:  # no /proc (macOS) or not ours to read
+        return None
+    for descriptor in descriptors:
+        try:
+            if os.readlink(descriptor) in listening:
+                return True
+        except OSError:  # closed while we looked
+            continue
+    return False
+
+
 def _wait_for_port(port: int, process: subprocess.Popen, log_path: Path, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"process exited with {process.returncode} before listening; log:\n{_tail(log_path)}")
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
+        owned = listener_of(process.pid, port)
+        if owned is None:
+            with socket.socket() as sock:
+                owned = sock.connect_ex(("127.0.0.1", port)) == 0
+        if owned:
+            return
         time.sleep(0.2)
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s; log:\n{_tail(log_path)}")
+
+
+def _runtime_port(command: Sequence[str]) -> int | None:
+    """The ``--port`` a command names (a plain SuperNode's Runtime API), or None."""
+    return int(command[command.index("--port") + 1]) if "--port" in command else None
+
+
+def _listens(started: Started, port: int, timeout_s: float = 60) -> bool:
+    """Wait until ``port`` listens; False when the process exited because another process holds the port.
+
+    ``free_port`` only says that a port was free when it looked: on a busy machine another
+    process may bind it before the SuperLink or SuperNode does, which then exits at once.
+    A SuperNode lost that way would leave the ServerApp waiting for ``min-available-clients``.
+    """
+    try:
+        _wait_for_port(port, started.process, started.log_path, timeout_s)
+    except RuntimeError:
+        if PORT_IN_USE in _tail(started.log_path).lower():
+            return False
+        raise
+    return True
 
 
 def group_processes(groups: list[int]) -> list[int]:
@@ -270,20 +323,53 @@ class LocalDeployment:
         """Start the SuperLink, register the connection (and node keys), then start every SuperNode."""
         for folder in (self.home, self.logs):
             folder.mkdir(parents=True, exist_ok=True)
-        link = ["flower-superlink", *self._security(), "--host", "127.0.0.1", "--port", str(self.port), "--database",
-                str(self.workdir / "superlink.db"), "--disable-runtime-dependency-installation"]  # fmt: skip
         if self.tls:
             self.certificates = make_certificates(self.workdir / "certificates")
+        for attempt in range(PORT_TRIES):
+            self.superlink = self._spawn("superlink", self._superlink_command())
+            if _listens(self.superlink, self.port):
+                break
+            self._set_aside(self.superlink, attempt)
+            self.port = free_port()
+            self.address = f"127.0.0.1:{self.port}"
+        else:
+            raise RuntimeError(f"the SuperLink found its port taken {PORT_TRIES} times; logs in {self.logs}")
+        self._write_connection()
+        for partition in range(self.num_nodes):
+            self.start_node(partition)
+        for partition in range(self.num_nodes):
+            self._await_node(partition)
+
+    def _superlink_command(self) -> list[str]:
+        link = ["flower-superlink", *self._security(), "--host", "127.0.0.1", "--port", str(self.port), "--database",
+                str(self.workdir / "superlink.db"), "--disable-runtime-dependency-installation"]  # fmt: skip
+        if self.certificates:
             certs = self.certificates
             link += ["--ssl-certfile", str(certs.server_cert), "--ssl-keyfile", str(certs.server_key),
                      "--ssl-ca-certfile", str(certs.ca_cert)]  # fmt: skip
         if self.node_auth:
             link.append("--enable-supernode-auth")
-        self.superlink = self._spawn("superlink", link)
-        _wait_for_port(self.port, self.superlink.process, self.superlink.log_path)
-        self._write_connection()
-        for partition in range(self.num_nodes):
-            self.start_node(partition)
+        return link
+
+    def _await_node(self, partition: int) -> None:
+        """Wait until the SuperNode of ``partition`` serves its Runtime API; restart it on a fresh port if it lost it.
+
+        Only a plain ``flower-supernode`` is checked: a warm or installed device picks its port itself.
+        """
+        for attempt in range(PORT_TRIES):
+            node = self.nodes[partition]
+            port = _runtime_port(node.command)
+            if port is None or _listens(node, port):
+                return
+            self._set_aside(node, attempt)
+            self._spawn_node(partition, node.name, node.command[: node.command.index("--port")]
+                             + ["--port", str(free_port())])  # fmt: skip
+        raise RuntimeError(f"SuperNode {partition} found its port taken {PORT_TRIES} times; logs in {self.logs}")
+
+    def _set_aside(self, started: Started, attempt: int) -> None:
+        """Keep the log of a start that lost its port beside the next one's (``<name>.log.port-taken-<n>``)."""
+        started.process.wait()
+        started.log_path.rename(started.log_path.with_name(f"{started.log_path.name}.port-taken-{attempt}"))
 
     def _write_connection(self) -> None:
         lines = ["[superlink]", f'default = "{CONNECTION}"', "", f"[superlink.{CONNECTION}]",
@@ -342,7 +428,11 @@ class LocalDeployment:
             env = {k: v for k, v in self.env.items() if k != "PYTHONPATH"}
             cwd = self.workdir / f"device-{partition}"
             cwd.mkdir(parents=True, exist_ok=True)
-        node = self._spawn(name, self.node_command(partition, key=key), env=env, cwd=cwd)
+        return self._spawn_node(partition, name, self.node_command(partition, key=key), env=env, cwd=cwd)
+
+    def _spawn_node(self, partition: int, name: str, command: list[str], *, env: dict[str, str] | None = None,
+                    cwd: Path | None = None) -> Started:  # fmt: skip
+        node = self._spawn(name, command, env=env, cwd=cwd)
         if name == f"supernode-{partition}":
             self.nodes[partition] = node
         else:
@@ -439,6 +529,20 @@ class LocalDeployment:
     def run(self, run_config: dict[str, object] | str, *, timeout_s: float = 600) -> RunOutcome:
         """Submit, and wait for the run's final status and log."""
         return self.wait(self.submit(run_config), timeout_s=timeout_s)
+
+    def report(self, chars: int = 1500) -> str:
+        """Each process this deployment started: running or its exit code, and the end of its log.
+
+        For a failure message: a run stuck before round 1 usually means a SuperNode that
+        never connected, which only its own log shows.
+        """
+        parts = []
+        for item in [self.superlink, *self.nodes.values(), *self.extra_nodes]:
+            if item is not None:
+                code = item.process.poll()
+                state = "running" if code is None else f"exited {code}"
+                parts.append(f"--- {item.name} ({state}), {item.log_path}:\n{_tail(item.log_path, chars)}")
+        return "\n".join(parts)
 
     def commands(self) -> list[str]:
         """The commands this deployment ran, for copying into a real one."""

@@ -97,8 +97,9 @@ def secure_scenario(workdir: Path, strategies: tuple[str, ...]) -> dict:
 
 
 def _log(deployment: LocalDeployment, run_id: str) -> str:
-    return subprocess.run(["flwr", "log", run_id, CONNECTION, "--show"], env=deployment.env, cwd=deployment.workdir,
-                          capture_output=True, text=True, timeout=60).stdout[-3000:]  # fmt: skip
+    log = subprocess.run(["flwr", "log", run_id, CONNECTION, "--show"], env=deployment.env, cwd=deployment.workdir,
+                         capture_output=True, text=True, timeout=60).stdout[-3000:]  # fmt: skip
+    return log + "\n" + deployment.report()
 
 
 def lossy_scenario(workdir: Path) -> dict:

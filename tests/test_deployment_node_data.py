@@ -45,7 +45,7 @@ def test_supernodes_train_on_their_own_folders_and_a_faulty_one_is_left_out(tmp_
         outcome = deployment.run(config, timeout_s=RUN_TIMEOUT_S)
         log = "" if outcome.status == FINISHED_OK else subprocess.run(
             ["flwr", "log", outcome.run_id, CONNECTION, "--show"], env=deployment.env, cwd=deployment.workdir,
-            capture_output=True, text=True, timeout=60).stdout[-4000:]  # fmt: skip
+            capture_output=True, text=True, timeout=60).stdout[-4000:] + "\n" + deployment.report()  # fmt: skip
     assert outcome.status == FINISHED_OK, log
     summary = json.loads((results / "own-data" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["rounds"] == 2
