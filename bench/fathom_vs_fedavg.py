@@ -67,6 +67,9 @@ PROBE_GATED = PROBE_DECAY | {"fathom-decay-arm": 0.7}
 # issue 39: no probe; the lr halves once 5 x 2^k rounds of H say it is too large (overshoot test) or once the global
 # loss gives back half its progress (setback test), both after the same gate; the same keys as B5's rescue
 RESCUE = {"fathom-decay-window": 5, "fathom-decay-test": "overshoot", "fathom-setback": 0.5, "fathom-decay-arm": 0.7}
+# ... the setback test alone: in seed 1 from above the overshoot test slowed the climb after the setback had caught
+# the collapse, so this arm asks whether the setback alone brings the runs from lr 0.3 to the target
+SETBACK = {"fathom-setback": 0.5, "fathom-decay-arm": 0.7}
 TARGET_SHARE = 0.95
 PLATEAU_ROUNDS = 10
 ESCAPE_LEVEL = 0.2  # accuracy that ends the initial plateau (the commonest class is 8.8% of the test data)
@@ -260,6 +263,7 @@ def arms_of(baseline: Start, *, fix: bool) -> list[Arm]:
     arms += [(Start(start.label, start.lr, start.batch, variant, tuple(RESCUE.items())), "fathom")
              for start in (Start("above", ABOVE_LR, baseline.batch), baseline)
              for variant in ("rescue", "rescue-floor")]  # fmt: skip
+    arms.append((Start("above", ABOVE_LR, baseline.batch, "setback", tuple(SETBACK.items())), "fathom"))
     return arms
 
 
@@ -546,7 +550,7 @@ def plot(rep: dict, runs: dict[str, list[dict]], path: Path) -> None:
                "baseline|probe-decay": "black", "bad lr|probe-decay": "gold", "above|probe-gated": "tab:red",
                "baseline|probe-gated": "navy", "bad lr|probe-gated": "darkgreen", "above|rescue": "magenta",
                "above|rescue-floor": "purple", "baseline|rescue": "teal",
-               "baseline|rescue-floor": "darkcyan"}  # fmt: skip
+               "baseline|rescue-floor": "darkcyan", "above|setback": "olive"}  # fmt: skip
     for key, results in runs.items():
         label, method, *variant = key.split("|")
         colour = colours["|".join([label, *variant])]

@@ -63,11 +63,13 @@ DECAY = {"fathom-decay-window": 5}  # the stationarity test: halve the step once
 # issue 39: halve the step once 5 x 2^k rounds of H say it is too large (mean 2 standard errors above 0), or once
 # the loss gives back half its progress; both start when the loss is at 0.7 of its first round's (B2's gate)
 RESCUE = {"fathom-decay-window": 5, "fathom-decay-test": "overshoot", "fathom-setback": 0.5, "fathom-decay-arm": 0.7}
+SETBACK = {"fathom-setback": 0.5, "fathom-decay-arm": 0.7}  # the setback test alone (B2's arm of the same name)
 # variant -> (its keys, its words in a label, its kind in a run's folder name); the tuner's bad-start rescues
 VARIANTS = {"probe": (PROBE, "the start probe", "probed"), "decay": (DECAY, "the stationarity test", "decayed"),
-            "rescue": (RESCUE, "the overshoot and setback tests", "rescued")}  # fmt: skip
+            "rescue": (RESCUE, "the overshoot and setback tests", "rescued"),
+            "setback": (SETBACK, "the setback test alone", "set-back")}  # fmt: skip
 PROBED = ("perfedavg", "fedavg")  # the methods whose bad starts also run with each variant
-LINE_STYLES = {None: "-", "probe": "--", "decay": "-.", "rescue": ":"}
+LINE_STYLES = {None: "-", "probe": "--", "decay": "-.", "rescue": ":", "setback": (0, (5, 1, 1, 1, 1, 1))}
 METHODS = {"perfedavg": ("Per-FedAvg HF", "perfedavg-beta"), "fedavg": ("FedAvg + update", "lr"),
            "alpha": (f"Per-FedAvg HF (beta = {ALPHA_BETA})", "perfedavg-alpha")}  # fmt: skip
 
