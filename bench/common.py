@@ -30,7 +30,19 @@ def machine() -> str:
     import torch  # here, so a script measuring its own memory starts without it
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    return f"{platform.machine()}, python {platform.python_version()}, torch {torch.__version__}, {device}"
+    # the CPU model and the kernels torch picked for it: the same seed can give other figures on another CPU
+    cpu = f"{cpu_model()}, {torch.backends.cpu.get_cpu_capability()}"
+    return f"{platform.machine()} ({cpu}), python {platform.python_version()}, torch {torch.__version__}, {device}"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` where there is one)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
 
 
 def read_records(run_dir: Path) -> tuple[list[dict], dict]:
