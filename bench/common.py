@@ -14,7 +14,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 QUICK_RESULTS = REPO / "bench" / "results" / "quick"  # --quick runs write here: git-ignored, never committed
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}  # Student t quantiles, df = seeds - 1
+# Student t quantiles, df = seeds - 1
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 def interval(values: list[float]) -> tuple[float, float]:
