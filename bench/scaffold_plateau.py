@@ -31,11 +31,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import numpy as np  # noqa: E402
-
 from bench.common import QUICK_RESULTS, SHARED_DATA, machine  # noqa: E402
 from bench.personalised_table import DATASETS, SHARED  # noqa: E402
 from bench.tuned_table import run_config  # noqa: E402
+from strategies.screening import update_norm  # noqa: E402
 
 DATASET = "femnist"
 LR = 0.1  # B7's shared lr on FEMNIST, where FedAvg + update leaves the plateau
@@ -44,11 +43,6 @@ ROUNDS = 40  # FedAvg leaves the plateau at rounds 30-42 with 10 writers a round
 SEED = 0
 METHODS = ("fedavg", "scaffold")
 RESULTS = REPO / "bench" / "results"
-
-
-def move(before: list[np.ndarray], after: list[np.ndarray]) -> float:
-    """``||after - before||`` over every array."""
-    return float(np.sqrt(sum(float(np.vdot(a - b, a - b)) for a, b in zip(after, before, strict=True))))
 
 
 def trajectory(method: str, rounds: int) -> dict:
@@ -63,7 +57,7 @@ def trajectory(method: str, rounds: int) -> dict:
         before = [a.copy() for a in run.strategy.global_shared]
         metrics = run.step()
         rows.append({"round": run.round, "train-loss": metrics.get("train-loss"),
-                     "move": move(before, run.strategy.global_shared),
+                     "move": update_norm(run.strategy.global_shared, before),
                      "control-norm": metrics.get("scaffold-control-norm"),
                      "correction-norm": metrics.get("scaffold-correction-norm-mean")})  # fmt: skip
         print(f"{method} round {run.round}: loss {rows[-1]['train-loss']:.3f}, move {rows[-1]['move']:.3f}",
@@ -107,11 +101,11 @@ def main() -> None:
     rounds = 2 if args.quick else ROUNDS
     folder = QUICK_RESULTS if args.quick else RESULTS
     folder.mkdir(parents=True, exist_ok=True)
-    if args.report_only:
+    if args.report_only:  # the JSON keeps the machine the runs were made on
         runs = json.loads((folder / "scaffold_plateau.json").read_text())["runs"]
     else:
         runs = [trajectory(method, rounds) for method in METHODS]
-    (folder / "scaffold_plateau.json").write_text(json.dumps({"machine": machine(), "runs": runs}, indent=1) + "\n")
+        (folder / "scaffold_plateau.json").write_text(json.dumps({"machine": machine(), "runs": runs}, indent=1) + "\n")
     (folder / "scaffold_plateau.md").write_text(report(runs))
     print(report(runs))
 

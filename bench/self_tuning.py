@@ -157,14 +157,15 @@ def report(runs: dict[str, list[dict]], cases: list[dict], args: argparse.Namesp
     rows = []
     for case in cases:
         done = runs.get(case["label"], [])
-        finished = [final_accuracy(r) for r in done if final_accuracy(r) is not None]
+        accuracies = [final_accuracy(r) for r in done]  # None: the run diverged and stopped
+        finished = [a for a in accuracies if a is not None]
         if not finished:
             continue
         mean, half = interval(finished)
         rows.append({
             "label": case["label"], "method": case["method"], "tuned": case["tuned"], "start": case["step"],
-            "mean": mean, "ci95": half, "seeds": [r["seed"] for r in done], "accuracy": [r["accuracy"] for r in done],
-            "stopped": [r["seed"] for r in done if final_accuracy(r) is None],
+            "mean": mean, "ci95": half, "seeds": [r["seed"] for r in done], "accuracy": accuracies,
+            "stopped": [r["seed"] for r, a in zip(done, accuracies, strict=True) if a is None],
             "final-step": [r["trajectory"][-1] for r in done] if case["tuned"] else None,
             "grad-evals": statistics.mean(r["grad-evals"] for r in done),
             "hvp-evals": statistics.mean(r["hvp-evals"] for r in done),
