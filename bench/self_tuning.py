@@ -306,7 +306,9 @@ def main() -> None:
     if args.only:
         unknown = sorted(set(args.only) - {c["label"] for c in cases})
         if unknown:
-            raise SystemExit(f"--only: no run is labelled {unknown}; the labels are those of the report's rows")
+            allowed = "\n  ".join(c["label"] for c in cases)
+            raise SystemExit(f"--only: no run of --methods {' '.join(args.methods)} is labelled {unknown}; "
+                             f"the labels are:\n  {allowed}")  # fmt: skip
         cases = [c for c in cases if c["label"] in args.only]
     log_path = args.log or args.out.with_name(args.out.stem + "_runs.jsonl")
     recorded = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
