@@ -34,7 +34,7 @@ from clients.training import (
     train_steps,
 )
 from clients.unavailable import UnavailableClient
-from datasets import ClientData, class_counts
+from datasets import ClientData, LocalDataError, class_counts
 from strategies.contracts.code import code_identity
 from strategies.contracts.common import (
     ACCURACY,
@@ -294,19 +294,37 @@ class TorchClient(NumPyClient):
         """
         properties = {PARTITION_ID: self.partition_id, NUM_PARTITIONS: self.num_partitions, DATA_DIR: self.data_dir,
                       NUM_TRAIN: len(self.train_y), NUM_TEST: len(self.test_y), RAY_NODE: ray_node(),
-                      DATA_FINGERPRINT: self.data.fingerprint(), **code_identity()}  # fmt: skip
-        if not self.train_y.is_floating_point():  # classifiers: which classes this client holds
-            for name, labels in ((TRAIN_CLASSES, self.train_y), (TEST_CLASSES, self.test_y)):
-                counts = class_counts(labels.cpu().numpy(), 0)
-                properties[name] = " ".join(f"{c}:{n}" for c, n in counts.items())
+                      **code_identity()}  # fmt: skip
+        try:
+            properties.update(self.data_summary())
+        except Exception as err:  # arrays their loader let through (an app's own, say): one line, not a traceback
+            where = self.data_dir or f"partition {self.partition_id}"
+            error = LocalDataError(f"the data of {where} cannot be summarised ({type(err).__name__}: {err})")
+            return {**properties, **self.unavailable(error, config)}
         try:
             self.check(*self.settings_for(config))
         except ValueError as err:
-            # a device's own data is its own fault: the run goes on without it; a partition's is the run's config
-            report = UnavailableClient(error=err, partition_id=self.partition_id, num_partitions=self.num_partitions,
-                                       data_dir=self.data_dir, scope="node" if self.data_dir else "run")  # fmt: skip
-            properties.update(report.get_properties(config))
+            properties.update(self.unavailable(err, config))
         return properties
+
+    def unavailable(self, error: Exception, config: dict) -> dict:
+        """The properties saying why this client cannot serve: ``error``, and whose fault it is.
+
+        A device's own data is its own fault (the run goes on without it); a partition's
+        is the run's config.
+        """
+        report = UnavailableClient(error=error, partition_id=self.partition_id, num_partitions=self.num_partitions,
+                                   data_dir=self.data_dir, scope="node" if self.data_dir else "run")  # fmt: skip
+        return report.get_properties(config)
+
+    def data_summary(self) -> dict[str, str]:
+        """The data's fingerprint and, for a classifier, the examples of each class (``"0:40 3:12"``) per split."""
+        summary = {DATA_FINGERPRINT: self.data.fingerprint()}
+        if not self.train_y.is_floating_point():  # classifiers: which classes this client holds
+            for name, labels in ((TRAIN_CLASSES, self.train_y), (TEST_CLASSES, self.test_y)):
+                counts = class_counts(labels.cpu().numpy(), 0)
+                summary[name] = " ".join(f"{c}:{n}" for c, n in counts.items())
+        return summary
 
     def get_parameters(self, config: dict) -> list[np.ndarray]:
         # copies: the caller must not see later in-place training through shared memory
