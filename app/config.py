@@ -17,8 +17,10 @@ from app.workdir import resolved
 from clients.models import build_model, layout_of, model_cards
 from datasets import APP_DATA, dataset_shape
 from strategies.contracts.common import (
+    AVERAGES,
     DATA_KEY_SCOPES,
     LOCAL_TRAINING_KEYS,
+    ROBUST,
     SHARED_GROUPS,
     DataSettings,
     ExecutionSettings,
@@ -165,13 +167,14 @@ def check_central_evaluation(settings: Settings, contract: Contract) -> None:
     """Refuse ``central-eval`` for a method that keeps part of the model on its clients: there is no whole model.
 
     A method whose model never travels (``WholeModel``) also refuses the keys that need a
-    server-side model: ``max-update-ratio`` (no update to measure), ``checkpoint-every`` and
-    ``resume-from`` (a checkpoint could not hold the clients' models).
+    server-side model: ``checkpoint-every`` and ``resume-from`` (a checkpoint could not hold
+    the clients' models). ``max-update-ratio`` applies to it still: it screens the array
+    sets its clients return (FedProto's prototypes).
     """
+    check_aggregation(settings, contract)
     if isinstance(contract.personal, WholeModel):
-        run, execution = settings.run, settings.execution
-        for name, value, used in (("max-update-ratio", run.max_update_ratio, run.max_update_ratio > 0),
-                                  ("checkpoint-every", execution.checkpoint_every, execution.checkpoint_every > 0),
+        execution = settings.execution
+        for name, value, used in (("checkpoint-every", execution.checkpoint_every, execution.checkpoint_every > 0),
                                   ("resume-from", execution.resume_from, bool(execution.resume_from))):  # fmt: skip
             if used:
                 raise ConfigError(f"run config key {name!r}: {value!r} needs a model on the server; {contract.name}'s "
@@ -188,6 +191,15 @@ def check_central_evaluation(settings: Settings, contract: Contract) -> None:
             "holds only their initial values and testing it would measure nothing; its evaluation runs on the "
             "clients, each with its own layers (fraction-evaluate > 0)"
         )
+
+
+def check_aggregation(settings: Settings, contract: Contract) -> None:
+    """Refuse a robust ``aggregation`` for a method whose server combines replies by its own maths."""
+    rule = settings.run.aggregation
+    if rule in ROBUST and not contract.robust_aggregation:
+        raise ConfigError(f"run config key 'aggregation': {rule!r} is a rule for methods whose server averages the "
+                          f"replies' models; {contract.name} combines them by its own maths, so it takes "
+                          f"{' or '.join(repr(a) for a in AVERAGES)}")  # fmt: skip
 
 
 def model_layout(settings: Settings) -> ModelLayout:

@@ -60,6 +60,9 @@ class ScaffoldClient(TorchClient):
         report = self.local_sgd(training, rng, extra_loss=linear_term(terms))
         updated = control_update(client_control, control, x, self.shared_arrays(), steps=report.steps, lr=training.lr)
         self.state.set_arrays(CLIENT_CONTROL, updated)
-        delta = [new - old for new, old in zip(updated, client_control, strict=True)]
+        # in the dtype of the control received: the server refuses a set whose dtypes differ from what it sent (a
+        # BatchNorm counter's delta would be float64); counters are buffers, which the linear term never reads
+        delta = [(new - old).astype(c.dtype, copy=False) for new, old, c in zip(updated, client_control, control,
+                                                                               strict=True)]  # fmt: skip
         norm = float(np.sqrt(sum(float(np.vdot(d, d)) for d in correction)))
         return dataclasses.replace(report, arrays={DELTA_CONTROL: delta}, extra={CORRECTION_NORM: norm})

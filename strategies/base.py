@@ -29,7 +29,8 @@ hook                    what it decides                                         
 ``parameters_for``      the model a partition is sent, for fit or evaluate      the global model's shared arrays
 ``payload_for``         the array sets sent beside it (the contract's sends)    none
 ``payload_shapes``      the shapes a returned array set must have               the shared arrays' shapes
-``combine``             how accepted replies become the new global model        weighted average
+``payload_dtypes``      the dtypes a returned array set must have               the shared arrays' dtypes
+``combine``             how accepted replies become the new global model        ``aggregation``'s average
 ``start``               set-up once the nodes are known (before round 1)        nothing
 ``state``/``restore``   what a checkpoint keeps besides the global model        nothing
 ``finish``              what the run writes at its end                          nothing
@@ -57,7 +58,7 @@ from flwr.common import Parameters, Scalar, parameters_to_ndarrays
 from flwr.common.logger import log
 from flwr.server.strategy import Strategy
 
-from strategies.aggregation import weighted_average_inplace
+from strategies.aggregation import aggregate
 from strategies.contracts.common import EVALUATE_METRICS, FIT_METRICS, Settings
 from strategies.contracts.contract import Contract
 from strategies.contracts.fedavg import CONTRACT as FEDAVG
@@ -130,6 +131,9 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, ReplyScreen, RunWatch, RunCh
         self.layout = layout if isinstance(layout, ModelLayout) else ModelLayout.of_names(tuple(layout))
         self.shared = self._shared_indices(self.layout)  # the model's arrays that travel, by index
         self.sent_shapes = [self.shapes[i] for i in self.shared]
+        self.sent_dtypes = [self.global_model[i].dtype for i in self.shared]  # a reply's arrays must have these
+        # which shared arrays are averaged: decided by the server's own model, never by a reply
+        self.float_layers = [np.issubdtype(dtype, np.floating) for dtype in self.sent_dtypes]
         self.global_shared = self._shared_part(self.global_model)
         self.connected_partitions: list[int] = []  # the partitions connected when this round's fit was configured
         self._encoded: dict[int, tuple[list[np.ndarray], list[bytes]]] = {}  # while one round's messages are built
@@ -210,22 +214,38 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, ReplyScreen, RunWatch, RunCh
         """The shapes the returned array set ``name`` must have: by default those of the arrays that travel."""
         return self.sent_shapes
 
+    def payload_dtypes(self, name: str) -> list[np.dtype]:
+        """The dtypes the returned array set ``name`` must have: by default those of the arrays that travel."""
+        return self.sent_dtypes
+
     def combine(self, server_round: int, replies: list[Reply]) -> tuple[list[np.ndarray] | None, dict[str, Scalar]]:
         """The new global model's shared arrays from the round's accepted replies, and extra metrics for the record.
 
-        ``None`` keeps the global model. The default averages the models, by example
-        count or uniformly (``aggregation``). Replies come in partition order; their
-        arrays may be overwritten; the sets the contract ``returns`` are in ``reply.extras``.
+        ``None`` keeps the global model. The default averages the models as ``aggregation``
+        says: by example count, uniformly, or robustly (coordinate-wise median, trimmed
+        mean, Krum, multi-Krum). Replies come in partition order; their arrays may be
+        overwritten; the sets the contract ``returns`` are in ``reply.extras``.
         """
         if not replies:
             return None, {}
-        return weighted_average_inplace([reply.arrays for reply in replies], self.averaging_weights(replies)), {}
+        return self.average([reply.arrays for reply in replies], replies), {}
+
+    def average(self, arrays: list[list[np.ndarray]], replies: list[Reply]) -> list[np.ndarray]:
+        """The round's ``aggregation`` of ``arrays`` (one list per reply, in ``replies``' order; may be overwritten).
+
+        A method that averages more than the models (SCAFFOLD's control variates) averages
+        them through this too, so that every average it keeps is of the same kind.
+        """
+        run = self.settings.run
+        return aggregate(arrays, self.averaging_weights(replies), rule=run.aggregation,
+                         trim_fraction=run.trim_fraction, attackers=run.krum_attackers,
+                         float_layers=self.float_layers)  # fmt: skip
 
     def averaging_weights(self, replies: list[Reply]) -> list[float]:
         """Each reply's weight in the round's average (``aggregation``): its example count, or 1 for every reply.
 
-        A method that averages more than the models (SCAFFOLD's control variates) averages
-        with these weights too, so that every average it keeps is of the same objective.
+        The robust rules weigh every reply alike except multi-Krum, which averages the
+        replies it keeps by these weights.
         """
         by_examples = self.settings.run.aggregation == "examples"
         return [float(reply.num_examples) if by_examples else 1.0 for reply in replies]

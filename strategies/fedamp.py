@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from logging import WARNING
+
 import numpy as np
 from flwr.common import Scalar
+from flwr.common.logger import log
 
 from strategies.aggregation import flatten, unflatten
 from strategies.base import FederatedStrategy
@@ -60,7 +63,12 @@ class FedAmp(FederatedStrategy):
         for partition in partitions:
             i = order.index(partition)
             row = attention_row(stacked, i, alpha=method.alpha_k, sigma=method.sigma, attention=method.attention)
-            self.cloud[partition] = unflatten((row @ stacked).astype(np.float32), self.shapes)
+            cloud = (row @ stacked).astype(np.float32)
+            if not np.all(np.isfinite(cloud)):  # finite models can still mix past float32's range
+                log(WARNING, "round %s: partition %s's cloud model u_i is non-finite; it is sent its own model w_i",
+                    server_round, partition)  # fmt: skip
+                cloud, row = self.kept[partition].copy(), np.eye(len(order))[i]
+            self.cloud[partition] = unflatten(cloud, self.shapes)
             self_weights.append(float(row[i]))
         if self_weights:  # how much of u_i is the client's own model: 1 means no collaboration
             self.record["fedamp-self-weight-min"] = min(self_weights)

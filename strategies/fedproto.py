@@ -44,6 +44,9 @@ class FedProto(FederatedStrategy):
     def payload_shapes(self, name: str) -> list[tuple[int, ...]]:
         return [self.prototypes.shape if name == PROTOTYPES else self.counts.shape]
 
+    def payload_dtypes(self, name: str) -> list[np.dtype]:
+        return [self.prototypes.dtype if name == PROTOTYPES else self.counts.dtype]
+
     def combine(self, server_round: int, replies: list[Reply]) -> tuple[list[np.ndarray] | None, dict[str, Scalar]]:
         """The new global prototypes; no model to change (``[]``: none of its arrays travels)."""
         if replies:

@@ -176,6 +176,12 @@ class FlowerApi:
         # a tuner's probe round: its clients tried several step sizes, and the model takes the start value's replies
         arrays, extra = self.combine(server_round, self.tuner.model_replies(replies) if self.tuner else replies)
         metrics.update(extra)
+        if arrays is not None and not all_finite(arrays):
+            # finite replies can still sum past float32's range; a non-finite global model would end the run
+            log(WARNING, "round %s: the combined model holds non-finite values; it is dropped and the global model "
+                "stays as it was (the round's replies were each finite: lower max-update-ratio or choose a robust "
+                "aggregation)", server_round)  # fmt: skip
+            arrays, metrics["aggregate-nonfinite"] = None, 1
         if self.tuner is not None and replies:
             metrics.update(self.tuner.update(previous, arrays, replies))
         if arrays is not None:
@@ -217,7 +223,8 @@ class FlowerApi:
         accepted, non_finite = [], 0
         for proxy, res in sorted(results, key=lambda pair: self.nodes.partition_of(pair[0].cid)):
             try:
-                problem = evaluate_reply_problem(res.loss, res.num_examples, res.metrics, self.evaluate_specs)
+                problem = evaluate_reply_problem(res.loss, res.num_examples, res.metrics, self.evaluate_specs,
+                                                 examples_limit=self.nodes.declared(proxy.cid).num_test)  # fmt: skip
             except Exception as err:  # e.g. a loss that is not a number
                 problem = f"unreadable reply ({err})"
             if problem is None:
@@ -233,6 +240,11 @@ class FlowerApi:
         self.record["evaluate-seconds"] = time.perf_counter() - self.evaluate_started
         self._record_failures("evaluate", server_round, failures)
         return (metrics["loss"] if accepted else None), metrics
+
+
+def all_finite(arrays: list[np.ndarray]) -> bool:
+    """Whether every floating-point value of ``arrays`` is finite (integer arrays always are)."""
+    return all(np.all(np.isfinite(a)) for a in arrays if np.issubdtype(a.dtype, np.floating))
 
 
 def _size(parameters: Parameters) -> int:

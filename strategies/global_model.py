@@ -16,7 +16,7 @@ from flwr.common import ndarrays_to_parameters
 from flwr.common.logger import log
 
 from strategies.contracts.models import ModelLayout
-from strategies.screening import Reply, outsized, update_norm
+from strategies.screening import Reply, outsized, set_norm, update_norm
 
 
 class GlobalModelPart:
@@ -69,19 +69,42 @@ class GlobalModelPart:
     def screen_update_norms(self, server_round: int, replies: list[Reply]) -> tuple[list[Reply], int]:
         """Record the round's update norms; drop replies beyond ``max-update-ratio`` times their median.
 
-        Returns the replies kept and how many were dropped (``clients-outsized`` in the record).
-        A method whose model never travels has no update: nothing is measured or recorded.
+        Three scales are screened, each against its own round median: the model's
+        floating-point update (recorded as ``update-norm-median`` and ``-max``), its integer
+        arrays' change (BatchNorm's step counters), and the norm of every returned array set
+        of kind ``update`` or ``values`` (SCAFFOLD's ``delta-control``, FedProto's
+        prototypes). A non-finite norm is dropped whatever the ratio. Returns the replies
+        kept and how many were dropped (``clients-outsized`` in the record).
         """
-        if not replies or not self.model_travels:
+        if not replies:
             return replies, 0
-        norms = [update_norm(reply.arrays, self.sent_to(reply.partition)) for reply in replies]
-        ratio, median = self.settings.run.max_update_ratio, float(np.median(norms))
-        self.record.update({"update-norm-median": median, "update-norm-max": max(norms)})
-        flags = outsized(norms, ratio)
-        for reply, norm, flag in zip(replies, norms, flags, strict=True):
-            if flag:
-                log(WARNING, "round %s: rejected fit reply from %s: update norm %.4g is %.1f times the round's median "
-                    "%.4g (max-update-ratio %g)", server_round, self.nodes.label(reply.node), norm, norm / median,
-                    median, ratio)  # fmt: skip
-        self.record["clients-outsized"] = sum(flags)
-        return [reply for reply, flag in zip(replies, flags, strict=True) if not flag], sum(flags)
+        ratio = self.settings.run.max_update_ratio
+        why: list[str | None] = [None] * len(replies)
+        if self.model_travels:
+            sent = [self.sent_to(reply.partition) for reply in replies]
+            norms = [update_norm(reply.arrays, before) for reply, before in zip(replies, sent, strict=True)]
+            self.record.update({"update-norm-median": float(np.median(norms)), "update-norm-max": max(norms)})
+            _flag(why, norms, ratio, "update norm")
+            counters = [update_norm(r.arrays, before, counters=True) for r, before in zip(replies, sent, strict=True)]
+            _flag(why, counters, ratio, "integer arrays' change")
+        for array_set in self.contract.returns:
+            if array_set.kind in ("update", "values"):
+                _flag(why, [set_norm(reply.extras[array_set.name]) for reply in replies], ratio,
+                      f"{array_set.name!r} norm")  # fmt: skip
+        for reply, reason in zip(replies, why, strict=True):
+            if reason is not None:
+                log(WARNING, "round %s: rejected fit reply from %s: %s (max-update-ratio %g)", server_round,
+                    self.nodes.label(reply.node), reason, ratio)  # fmt: skip
+        dropped = sum(reason is not None for reason in why)
+        if self.model_travels or dropped:
+            self.record["clients-outsized"] = dropped
+        return [reply for reply, reason in zip(replies, why, strict=True) if reason is None], dropped
+
+
+def _flag(why: list[str | None], norms: list[float], ratio: float, what: str) -> None:
+    """Set ``why[i]`` for every norm :func:`outsized` flags (the first reason found stays)."""
+    median = float(np.median(norms))
+    for i, (norm, flag) in enumerate(zip(norms, outsized(norms, ratio), strict=True)):
+        if flag and why[i] is None:
+            scale = f"{norm / median:.1f} times" if median > 0 and np.isfinite(norm) else "beyond"
+            why[i] = f"{what} {norm:.4g} is {scale} the round's median {median:.4g}"

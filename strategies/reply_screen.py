@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from logging import WARNING
 
+import numpy as np
 from flwr.common import EvaluateRes, FitRes, parameters_to_ndarrays
 from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 
 from strategies.contracts.payload import LAYOUT, MODEL, unpack
 from strategies.failures import group_by_cause
-from strategies.screening import Reply, extras_problem, fit_reply_problem, is_non_finite
+from strategies.nodes import Declared
+from strategies.screening import Reply, counts_problem, extras_problem, fit_reply_problem, is_non_finite
 
 Failures = list[tuple[ClientProxy, FitRes] | tuple[ClientProxy, EvaluateRes] | BaseException]
 
@@ -28,19 +30,26 @@ class ReplyScreen:
         """The replies that may be combined (decoded, in partition order) and how many were rejected.
 
         Each reply is unpacked by the layout it names; its model arrays are screened by
-        the shapes sent, finiteness and the declared metrics, and every array set the
-        contract ``returns`` by its own shapes (``payload_shapes``) and finiteness. The
-        record counts the rejections for non-finite values (``clients-nonfinite``).
+        the shapes and dtypes sent, finiteness and the declared metrics, its example count
+        against the node's declared ``num-train``, and every array set the contract
+        ``returns`` by its own shapes and dtypes (``payload_shapes``, ``payload_dtypes``),
+        finiteness and its kind (counts against the node's declared counts here; norms
+        against the round's median in ``screen_update_norms``). The record counts the
+        rejections for non-finite values (``clients-nonfinite``).
         """
         replies, rejected, non_finite = [], 0, 0
         returned = {name: self.payload_shapes(name) for name in self.contract.returned_sets()}
+        dtypes = {name: self.payload_dtypes(name) for name in returned}
         for proxy, res in results:
             try:
                 sets = unpack(parameters_to_ndarrays(res.parameters), res.metrics.get(LAYOUT))
                 arrays = sets.pop(MODEL, [])
                 metrics = {k: v for k, v in res.metrics.items() if k != LAYOUT}
-                problem = (fit_reply_problem(arrays, res.num_examples, metrics, self.sent_shapes, self.fit_specs)
-                           or extras_problem(sets, returned, self.name))  # fmt: skip
+                declared = self.nodes.declared(proxy.cid)
+                problem = (fit_reply_problem(arrays, res.num_examples, metrics, self.sent_shapes, self.fit_specs,
+                                             self.sent_dtypes, examples_limit=declared.num_train)
+                           or extras_problem(sets, returned, self.name, dtypes)
+                           or self._counts_problem(sets, declared))  # fmt: skip
             except Exception as err:  # undecodable payloads are malformed replies too
                 problem = f"unreadable reply ({err})"
             if problem is None:
@@ -54,6 +63,16 @@ class ReplyScreen:
         self.record["clients-nonfinite"] = non_finite
         replies, too_large = self.screen_update_norms(server_round, replies)
         return sorted(replies, key=lambda reply: reply.partition), rejected + too_large
+
+    def _counts_problem(self, sets: dict[str, list[np.ndarray]], declared: Declared) -> str | None:
+        """Why a returned set of ``counts`` kind cannot be believed against the node's declared counts, or ``None``."""
+        for array_set in self.contract.returns:
+            if array_set.kind == "counts" and (
+                problem := counts_problem(sets[array_set.name], total_limit=declared.num_train,
+                                          per_class_limit=declared.train_classes)  # fmt: skip
+            ):
+                return f"{self.name} array set {array_set.name!r}: {problem}"
+        return None
 
     def _record_failures(self, kind: str, server_round: int, failures: Failures) -> None:
         """One log line per cause (a hundred nodes failing alike make one); every failure and the groups recorded."""

@@ -6,6 +6,7 @@ import numpy as np
 from flwr.common import Scalar
 
 from strategies.base import FederatedStrategy
+from strategies.contracts.common import AVERAGES
 from strategies.contracts.scaffold import CONTRACT, CONTROL, DELTA_CONTROL
 from strategies.screening import Reply
 
@@ -45,9 +46,15 @@ class Scaffold(FederatedStrategy):
         deltas = [reply.extras[DELTA_CONTROL] for reply in replies]
         # c estimates the gradient of the objective the models' average descends: the same weights for both
         # (uniform: the paper's mean; examples: the example-weighted objective), or the correction pulls elsewhere
-        weights = self.averaging_weights(replies)
-        self.control = [c + share * np.average(np.asarray(layer, dtype=np.float64), axis=0, weights=weights).astype(
-                        c.dtype) for c, layer in zip(self.control, zip(*deltas, strict=True), strict=True)]  # fmt: skip
+        if self.settings.run.aggregation in AVERAGES:
+            weights = self.averaging_weights(replies)
+            mean = [np.average(np.asarray(layer, dtype=np.float64), axis=0, weights=weights)
+                    for layer in zip(*deltas, strict=True)]  # fmt: skip
+        else:  # a robust rule: the corrections are combined as robustly as the models they correct
+            mean = self.average([[np.array(d, copy=True) for d in delta] for delta in deltas], replies)
+        # c keeps the model's dtypes (a BatchNorm counter's stays an integer): replies are screened against them
+        self.control = [(c + share * np.asarray(m).astype(c.dtype)).astype(c.dtype, copy=False)
+                        for c, m in zip(self.control, mean, strict=True)]  # fmt: skip
         previous = self.global_shared
         averaged, extra = super().combine(server_round, replies)
         eta = self.method.server_lr

@@ -83,7 +83,7 @@ def test_strategy_and_client_of_every_method_share_its_contract_and_its_example_
     [
         ("strategy", "fedprocs", "perfedavg"),
         ("perfedavg-variant", "sgd", "hf"),
-        ("aggregation", "median", "uniform"),
+        ("aggregation", "medoid", "median"),
         ("dataset", "imagenet", "mnist-5k"),
         ("partitioner", "random", "dirichlet"),
         ("model", "resnet", "mlp"),

@@ -31,13 +31,20 @@ from strategies.contracts.contract import MethodSettings, Metric
 from strategies.contracts.keys import ConfigError, KeyedSettings, key
 from strategies.contracts.models import ModelCard
 
-AGGREGATIONS = ("examples", "uniform")
+# the weighted means, then rules a few outsized replies cannot move far (strategies/aggregation.py; Yin et al.,
+# ICML 2018; Blanchard et al., NeurIPS 2017)
+AVERAGES = ("examples", "uniform")
+ROBUST = ("median", "trimmed-mean", "krum", "multi-krum")
+AGGREGATIONS = AVERAGES + ROBUST
 REGRESSION_DATASETS = ("least-squares",)  # real targets: the models whose task is regression
 DEVICES = ("auto", "cpu", "cuda")
 TUNERS = ("none", "fathom")
 # Upper bounds that only stop typos (10**30 rounds): far past any run these machines can make, and stated
 # in the error. A million rounds at 0.2 s each is over two days; no dataset here has a million examples.
 MAX_ROUNDS = 1_000_000
+# a client's work in one round, as it reports it: a trillion gradient evaluations is days of any GPU's time, so a
+# larger claim (10**30 steps) is a client that lies or is broken, and would swamp the round's sums
+MAX_CLIENT_COUNT = 1e12
 MAX_STEPS = 1_000_000
 MAX_BATCH = 1_000_000
 MAX_EPOCHS = 10_000.0
@@ -64,10 +71,10 @@ FIT_METRICS = (
     Metric(TRAIN_LOSS, "mean training loss over the local steps", 0.0, MAX_REASONABLE_LOSS),
     Metric(START_LOSS, "the first local step's loss (the model as received, on the first batch)", 0.0,
            MAX_REASONABLE_LOSS),  # fmt: skip
-    Metric(LOCAL_STEPS, "local steps taken", 0.0, summary=("sum",), record_as="client-steps"),
-    Metric(GRAD_EVALS, "mini-batch gradient evaluations", 0.0, summary=("sum",)),
-    Metric(HVP_EVALS, "Hessian-vector products", 0.0, summary=("sum",)),
-    Metric(SAMPLE_GRADS, "per-example gradients", 0.0, summary=("sum",)),
+    Metric(LOCAL_STEPS, "local steps taken", 0.0, MAX_CLIENT_COUNT, summary=("sum",), record_as="client-steps"),
+    Metric(GRAD_EVALS, "mini-batch gradient evaluations", 0.0, MAX_CLIENT_COUNT, summary=("sum",)),
+    Metric(HVP_EVALS, "Hessian-vector products", 0.0, MAX_CLIENT_COUNT, summary=("sum",)),
+    Metric(SAMPLE_GRADS, "per-example gradients", 0.0, MAX_CLIENT_COUNT, summary=("sum",)),
     Metric(SMALL_BATCH, "1 if a batch size exceeded the training set and min(b, n) examples were used", 0.0, 1.0,
            summary=("sum",), record_as="clients-small-batch"),
     Metric(PARTITION_ID, "the client's partition (the record lists them as fit-partitions)", 0.0, summary=()),
@@ -108,10 +115,16 @@ class RunSettings(KeyedSettings):
     stop_after_nonfinite: int = key(3, "stop the run after this many consecutive rounds in which every fit reply was "
                                     "non-finite or no evaluation loss was finite (0 = never)", at_least=0,
                                     at_most=MAX_ROUNDS)  # fmt: skip
-    max_update_ratio: float = key(0.0, "reject a fit reply whose update norm exceeds this multiple of the round's "
-                                  "median update norm (0 = never; needs 3 replies)", at_least=0)  # fmt: skip
-    aggregation: str = key("uniform", "uniform (the Per-FedAvg paper) or examples (weigh models by example count)",
-                           choices=AGGREGATIONS)  # fmt: skip
+    max_update_ratio: float = key(10.0, "reject a fit reply whose update norm (or the norm of a returned array set) "
+                                  "exceeds this multiple of the round's median (0 = never; needs 3 replies)",
+                                  at_least=0)  # fmt: skip
+    aggregation: str = key("uniform", "uniform (the Per-FedAvg paper) or examples (weigh models by example count); "
+                           "robust: median, trimmed-mean, krum, multi-krum", choices=AGGREGATIONS)  # fmt: skip
+    trim_fraction: float = key(0.1, "trimmed-mean: the share of the largest and of the smallest values dropped at "
+                               "every coordinate", at_least=0, below=0.5)  # fmt: skip
+    krum_attackers: int = key(1, "krum, multi-krum: the attackers f assumed among a round's replies (needs 2f + 3 "
+                              "replies; multi-krum averages the n - f best)",
+                              at_least=0, at_most=1_000_000)  # fmt: skip
     seed: int = key(0, "seeds the split, the model, the clients sampled each round and every client's batches",
                     at_least=0, at_most=2**63 - 1)  # fmt: skip
 

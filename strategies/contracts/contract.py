@@ -168,6 +168,12 @@ class Contract:
     representation
         It trains on the model's representation ``features(x)`` (MOON, FedProto): a model
         without the split into features and a head (not a ``SplitModel``) is refused.
+    robust_aggregation
+        Its server combines the replies' models through the shared ``aggregation`` (the base
+        ``combine``), so the robust rules (``median``, ``trimmed-mean``, ``krum``,
+        ``multi-krum``) apply; ``False`` for a method whose combination is its own maths
+        (FedAMP's attention, the diffusion's combination matrix, FedProto's prototypes,
+        FATHOM's example-weighted mean), which then refuses them.
 
     """
 
@@ -184,6 +190,7 @@ class Contract:
     personal: PersonalArrays | None = None
     keeps: str = ""
     representation: bool = False
+    robust_aggregation: bool = True
 
     def __post_init__(self) -> None:
         if self.settings.prefix != self.name:

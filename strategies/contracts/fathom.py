@@ -127,6 +127,7 @@ class FathomSettings(MethodSettings):
 
 
 CONTRACT = Contract(
+    robust_aggregation=False,  # FATHOM's update rule assumes the example-weighted mean
     name="fathom",
     summary="FATHOM: FedAvg that tunes its client learning rate, epochs and batch size online",
     settings=FathomSettings,

@@ -39,6 +39,7 @@ class FedAmpSettings(MethodSettings):
 
 
 CONTRACT = Contract(
+    robust_aggregation=False,  # FedAMP combines by its attention weights
     name="fedamp",
     summary="FedAMP: the server sends each client its own attention-weighted mix of every client's last model, "
             "which the client's proximal term pulls towards",

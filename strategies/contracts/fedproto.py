@@ -48,6 +48,7 @@ def prototype_shape(layout: ModelLayout) -> tuple[int, int]:
 
 
 CONTRACT = Contract(
+    robust_aggregation=False,  # no model travels: FedProto averages prototypes by their class counts
     name="fedproto",
     summary="FedProto: no model travels; clients share class prototypes of their representation and pull their "
             "own representations towards the global ones",
@@ -57,8 +58,9 @@ CONTRACT = Contract(
     personal=WholeModel(),
     sends=(ArraySet(PROTOTYPES, "the global prototype C^j of each class, a row each (zeros where none)"),
            ArraySet(COUNTS, "the training examples behind each global prototype (0: none this round)")),
-    returns=(ArraySet(PROTOTYPES, "the client's class prototypes c_k^j, a row each (zeros for classes it lacks)"),
-             ArraySet(COUNTS, "its training examples of each class")),
+    returns=(ArraySet(PROTOTYPES, "the client's class prototypes c_k^j, a row each (zeros for classes it lacks)",
+                      kind="values"),
+             ArraySet(COUNTS, "its training examples of each class", kind="counts")),
     example={"strategy": "fedproto", "fraction-fit": 0.5},
     # not tunable: FATHOM's hypergradient reads the global model's update, and no model travels here
 )

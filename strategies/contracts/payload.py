@@ -23,6 +23,13 @@ import numpy as np
 MODEL = "model"  # the arrays of the model that travel: all of them, or the shared ones of a method with personal layers
 LAYOUT = "payload"  # the config / metrics key that names a message's layout
 PURPOSES = ("fit", "evaluate")
+# what a returned set holds, which says how the base screens it (strategies/reply_screen.py)
+SET_KINDS = {
+    "update": "a change (SCAFFOLD's delta-control): its norm against max-update-ratio times the round's median",
+    "values": "values of the model's scale (FedProto's prototypes): its norm against the same bound",
+    "counts": "non-negative whole numbers, summing to at most the node's declared num-train (per class, where "
+              "the set is one row of classes, at most each declared class count)",
+}
 _NAME = re.compile(r"[a-z][a-z0-9-]*")
 
 
@@ -48,10 +55,15 @@ class ArraySet:
         goes (``payload_for`` may leave it out); the layout names what went, and the client
         finds it in ``received`` or not. A required set goes with every instruction of its
         purposes.
+    kind
+        For a set the clients return: what it holds, one of :data:`SET_KINDS` (``update``,
+        ``values``, ``counts``), which decides how the base screens its values. Ignored
+        for a set the server sends.
 
-    The base strategy screens a returned set by the shapes of the model's arrays that
-    travel (a strategy whose set is shaped otherwise overrides ``payload_shapes``) and
-    by finiteness, like the model itself.
+    The base strategy screens a returned set by the shapes and dtypes of the model's
+    arrays that travel (a strategy whose set is shaped otherwise overrides
+    ``payload_shapes`` and ``payload_dtypes``), by finiteness, like the model itself, and
+    by its ``kind``: no method screens its own sets by hand.
 
     """
 
@@ -59,12 +71,15 @@ class ArraySet:
     doc: str
     purposes: tuple[str, ...] = ("fit",)
     optional: bool = False
+    kind: str = "update"
 
     def __post_init__(self) -> None:
         if self.name == MODEL or not _NAME.fullmatch(self.name):
             raise ValueError(f"array set name {self.name!r} must be kebab-case and not {MODEL!r}")
         if not self.purposes or set(self.purposes) - set(PURPOSES):
             raise ValueError(f"array set {self.name!r}: purposes {self.purposes} must be among {PURPOSES}")
+        if self.kind not in SET_KINDS:
+            raise ValueError(f"array set {self.name!r}: kind {self.kind!r} must be one of {list(SET_KINDS)}")
 
 
 def layout_of(sets: Mapping[str, Sequence[np.ndarray]]) -> str:

@@ -36,7 +36,7 @@ CONTRACT = Contract(
     settings=ScaffoldSettings,
     uses=("lr", "local-steps", "local-epochs", "batch-size"),
     sends=(ArraySet(CONTROL, "the server's control variate c, shaped like the model"),),
-    returns=(ArraySet(DELTA_CONTROL, "c_i+ - c_i: how the client's control variate moved this round"),),
+    returns=(ArraySet(DELTA_CONTROL, "c_i+ - c_i: how the client's control variate moved this round", kind="update"),),
     metrics=(Metric(CORRECTION_NORM, "||c - c_i||, the drift correction the client's steps applied", 0.0,
                     summary=("mean", "max")),),  # fmt: skip
     example={"strategy": "scaffold", "fraction-fit": 0.5},
