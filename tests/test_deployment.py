@@ -6,7 +6,7 @@ every 3 s. Two deployments run side by side, each in a worker thread that the
 module fixture starts at once:
 
 - ``secure``: TLS and SuperNode authentication, 2 enrolled SuperNodes and one
-  whose key nobody registered; every registered method, 2 rounds each with one
+  whose key nobody registered; the transport methods (tests/selection.py), 2 rounds each with one
   node training a round, submitted together. Its SuperNodes are warm devices
   (``python -m app.device``, docs/deployment.md): each message forks a process
   that has torch imported already, which took this scenario from 428 s to 222 s
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from selection import selected_runs
+from selection import TRANSPORT_METHODS, selected_runs
 
 from app.config import ConfigError, parse_settings
 from app.deploy import CONNECTION, LocalDeployment, live_processes
@@ -45,7 +45,7 @@ from strategies.contracts.common import TrainingSettings
 
 pytestmark = pytest.mark.e2e
 RUN_TIMEOUT_S = 280
-STRATEGIES = tuple(METHODS)
+STRATEGIES = TRANSPORT_METHODS  # one per kind of message and state (tests/selection.py)
 TRAINING_KEYS = {spec.name for spec in TrainingSettings.key_specs()}
 
 

@@ -2,8 +2,9 @@
 
 `flwr run --stream` exits 0 even when the run fails, so the launcher submits with
 `--format json`, polls `flwr ls --run-id` for the status, and the results files are
-read back. Every registered method runs its contract's example; the private
-SuperLink is stopped at the end, whatever happened.
+read back. The transport methods (``selection.TRANSPORT_METHODS``: one per kind of
+message and state) run their contract's example; the private SuperLink is stopped at
+the end, whatever happened.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from importlib import metadata
 
 import pytest
 from conftest import REPO
-from selection import selected_runs
+from selection import TRANSPORT_METHODS, selected_runs
 from test_provenance import PACKAGES
 
 from app.launcher import LocalSimulation
@@ -43,7 +44,7 @@ def records(run_dir):
 def finished_runs(tmp_path_factory, request):
     results = tmp_path_factory.mktemp("results")
     config = {"num-server-rounds": ROUNDS, "eval-every": 1, "fraction-fit": 0.5, "results-dir": str(results)}
-    configs = {name: {**config, **method.contract.example, "run-name": name} for name, method in METHODS.items()}
+    configs = {name: {**config, **METHODS[name].contract.example, "run-name": name} for name in TRANSPORT_METHODS}
     # a partition the embedded data cannot hold (250 training images per class)
     configs["too-big"] = {**config, "images-per-class": 400, "run-name": "too-big"}
     # Per-FedAvg batches larger than the second-half clients' 12 images
@@ -60,7 +61,7 @@ def finished_runs(tmp_path_factory, request):
     yield runs, marker
 
 
-@pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.parametrize("name", TRANSPORT_METHODS)
 def test_every_method_runs_its_example_and_records_every_round(finished_runs, name):
     outcome, run_dir = finished_runs[0][name]
     assert outcome.ok, f"status {outcome.status}\n{outcome.log_tail}"
