@@ -4,6 +4,7 @@ Run it to try stamen as a deployment before moving to real devices::
 
     python -m app.deploy --nodes 2                        # insecure, loopback
     python -m app.deploy --nodes 3 --tls --auth            # TLS + SuperNode authentication
+    python -m app.deploy --nodes 2 --tls --auth --lan-host 127.0.0.2   # the LAN recipe: devices through the Fleet gate
     python -m app.deploy --nodes 2 --run-config "strategy='fathom' num-server-rounds=5"
     python -m app.deploy --nodes 2 --serve                 # keep it up; submit with `flwr run . <connection>`
 
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +43,12 @@ FLOWER_ENV = {
 }
 PORT_IN_USE = "address already in use"  # what a SuperLink or SuperNode logs when another process took its port
 PORT_TRIES = 3  # starts of one process, each on a fresh port, before the deployment gives up
+PACKAGE = __package__ or "app"  # app in a clone, stamen.app where installed
+PACKAGE_ROOT = Path(__file__).resolve().parents[len(PACKAGE.split("."))]  # the clone, or site-packages
+TLS_NEEDED = {
+    "--auth": "--auth needs --tls: flower-superlink refuses --enable-supernode-auth without TLS certificates",
+    "--lan-host": "--lan-host needs --tls: the Fleet gate serves the SuperLink's TLS certificate to the devices",
+}
 
 
 # ------------------------------------------------------------------ credentials
@@ -56,11 +63,31 @@ class Certificates:
     server_key: Path
 
 
+def write_private(path: Path, data: bytes) -> None:
+    """Write a private key readable by its owner only, from the moment it exists.
+
+    The key goes into a new file created with mode 0600 (``O_EXCL``: never one somebody
+    else created), which then replaces ``path``; a key written first and chmod'ed after
+    would be readable by others in between, or for good if the process died there.
+    """
+    spare = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}")
+    descriptor = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+        os.replace(spare, path)
+    except BaseException:
+        spare.unlink(missing_ok=True)
+        raise
+
+
 def make_certificates(folder: Path, *, host: str = "127.0.0.1", days: int = 30) -> Certificates:
-    """A CA and a server certificate for ``host`` (``subjectAltName`` IP or DNS), as PEM files in ``folder``.
+    """A CA and a server certificate for ``host`` and 127.0.0.1 (IP or DNS ``subjectAltName``), PEM files in ``folder``.
 
     The SuperLink serves with the server certificate; SuperNodes and the ``flwr``
     CLI verify it against the CA (``--root-certificates`` / ``root-certificates``).
+    127.0.0.1 is always named: on a LAN the SuperLink itself listens there, where the
+    operator submits runs and the Fleet gate (``app/fleet_gate.py``) reaches it.
     """
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -78,27 +105,26 @@ def make_certificates(folder: Path, *, host: str = "127.0.0.1", days: int = 30) 
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(ca_key, hashes.SHA256())
     )  # fmt: skip
-    try:
-        alt_name: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
-    except ValueError:
-        alt_name = x509.DNSName(host)
+    alt_names: list[x509.GeneralName] = []
+    for name in dict.fromkeys([host, "127.0.0.1"]):
+        try:
+            alt_names.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            alt_names.append(x509.DNSName(name))
     server_key = ec.generate_private_key(ec.SECP384R1())
     server_cert = (
         x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
         .issuer_name(ca_name).public_key(server_key.public_key()).serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
-        .add_extension(x509.SubjectAlternativeName([alt_name]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
         .sign(ca_key, hashes.SHA256())
     )  # fmt: skip
     paths = Certificates(folder / "ca.crt", folder / "server.pem", folder / "server.key")
     paths.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     paths.server_cert.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
-    paths.server_key.write_bytes(
-        server_key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    paths.server_key.chmod(0o600)
+    unencrypted = serialization.NoEncryption()  # the SuperLink reads it unattended; its mode 0600 guards it
+    pem = server_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, unencrypted)
+    write_private(paths.server_key, pem)
     return paths
 
 
@@ -118,14 +144,62 @@ def make_node_key(folder: Path, name: str) -> NodeKey:
     folder.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP384R1())
     paths = NodeKey(folder / name, folder / f"{name}.pub")
-    paths.private.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
-    )
-    paths.private.chmod(0o600)
+    unencrypted = serialization.NoEncryption()  # flower-supernode reads it unattended; its mode 0600 guards it
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, unencrypted)
+    write_private(paths.private, pem)
     paths.public.write_bytes(
         key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     )
     return paths
+
+
+# ------------------------------------------------------------------ configuration text
+
+TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _control(char: str) -> bool:
+    """Whether TOML forbids ``char`` unescaped in a string (U+0000-U+001F but tab, and U+007F)."""
+    return (ord(char) < 0x20 and char != "\t") or ord(char) == 0x7F
+
+
+def toml_string(text: str) -> str:
+    r"""``text`` as a TOML basic string (``"..."``), every character escaped that TOML asks to be.
+
+    A path holding ``'``, ``"`` or ``\`` written between quotes as it is would end the
+    string early or start an escape, and ``flwr`` would refuse the whole config file.
+    """
+    escaped = (TOML_ESCAPES.get(char) or (f"\\u{ord(char):04x}" if _control(char) else char) for char in text)
+    return '"' + "".join(escaped) + '"'
+
+
+def option_string(text: str) -> str:
+    """``text`` as a string value in Flower's ``key=value`` options (``--node-config``, ``--run-config``).
+
+    Flower finds each value with a pattern that ends a quoted value at its first quote
+    (``flwr/common/config.py``, ``parse_config_args``) and then reads it as TOML: a literal
+    string ``'...'`` (taken as it is) where ``text`` has no ``'``, else a basic string
+    where it has no ``"``.
+
+    Raises
+    ------
+    ValueError
+        For text holding both quotes, which that syntax cannot carry.
+
+    """
+    if "'" not in text and not any(_control(char) for char in text):
+        return f"'{text}'"
+    if '"' not in text:
+        return toml_string(text)
+    raise ValueError(f"{text!r} holds both ' and \", which Flower's key=value options cannot carry; rename it")
+
+
+def tls_problem(*, tls: bool, node_auth: bool, lan_host: str | None) -> str | None:
+    """Why these options cannot run without TLS (naming the flags and the fix), or None."""
+    if tls:
+        return None
+    wanted = [flag for flag, on in (("--auth", node_auth), ("--lan-host", lan_host)) if on]
+    return "; ".join(TLS_NEEDED[flag] for flag in wanted) + "; add --tls" if wanted else None
 
 
 # ------------------------------------------------------------------ processes
@@ -175,7 +249,8 @@ def listener_of(pid: int, port: int) -> bool | None:
     return False
 
 
-def _wait_for_port(port: int, process: subprocess.Popen, log_path: Path, timeout_s: float = 60) -> None:
+def _wait_for_port(port: int, process: subprocess.Popen, log_path: Path, timeout_s: float = 60, *,
+                   host: str = "127.0.0.1") -> None:  # fmt: skip
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -183,11 +258,11 @@ def _wait_for_port(port: int, process: subprocess.Popen, log_path: Path, timeout
         owned = listener_of(process.pid, port)
         if owned is None:
             with socket.socket() as sock:
-                owned = sock.connect_ex(("127.0.0.1", port)) == 0
+                owned = sock.connect_ex((host, port)) == 0
         if owned:
             return
         time.sleep(0.2)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s; log:\n{_tail(log_path)}")
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout_s} s; log:\n{_tail(log_path)}")
 
 
 def _runtime_port(command: Sequence[str]) -> int | None:
@@ -195,7 +270,7 @@ def _runtime_port(command: Sequence[str]) -> int | None:
     return int(command[command.index("--port") + 1]) if "--port" in command else None
 
 
-def _listens(started: Started, port: int, timeout_s: float = 60) -> bool:
+def _listens(started: Started, port: int, timeout_s: float = 60, *, host: str = "127.0.0.1") -> bool:
     """Wait until ``port`` listens; False when the process exited because another process holds the port.
 
     ``free_port`` only says that a port was free when it looked: on a busy machine another
@@ -203,7 +278,7 @@ def _listens(started: Started, port: int, timeout_s: float = 60) -> bool:
     A SuperNode lost that way would leave the ServerApp waiting for ``min-available-clients``.
     """
     try:
-        _wait_for_port(port, started.process, started.log_path, timeout_s)
+        _wait_for_port(port, started.process, started.log_path, timeout_s, host=host)
     except RuntimeError:
         if PORT_IN_USE in _tail(started.log_path).lower():
             return False
@@ -235,12 +310,22 @@ def live_processes(groups: list[int]) -> list[str]:
     return found
 
 
+def _url_host(host: str) -> str:
+    """``host`` as it goes before ``:port`` (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host else host
+
+
 def _tail(path: Path, chars: int = 3000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
 
 
 class LocalDeployment:
     """A SuperLink and ``num_nodes`` SuperNodes on 127.0.0.1; a context manager that stops them all.
+
+    The SuperLink always listens on 127.0.0.1: flwr 1.42 serves its Control API (runs,
+    node registration) on the same listener as the Fleet API, without credentials
+    (docs/deployment.md#on-a-lan-with-edge-devices). With ``lan_host`` the devices reach the
+    Fleet API through the Fleet gate (``app/fleet_gate.py``) on that address instead.
 
     Parameters
     ----------
@@ -256,7 +341,11 @@ class LocalDeployment:
         Serve the SuperLink over TLS with a freshly made CA and server certificate.
     node_auth
         Start the SuperLink with ``--enable-supernode-auth``, give every SuperNode a
-        key pair and register its public key before the node starts.
+        key pair and register its public key before the node starts. Needs ``tls``.
+    lan_host
+        Start the Fleet gate on this address (the LAN recipe of docs/deployment.md, the
+        server's LAN address there; 127.0.0.2 on one machine) and have every SuperNode dial
+        it; the connection in ``flwr-home`` stays on the SuperLink's 127.0.0.1. Needs ``tls``.
     workdir
         Holds ``flwr-home``, certificates, keys, the SuperLink database and logs; a
         fresh temporary folder (deleted on exit) by default.
@@ -282,14 +371,21 @@ class LocalDeployment:
         node_data: list[Path] | None = None,
         warm: bool = False,
         devices: Mapping[int, Sequence[str]] | None = None,
+        lan_host: str | None = None,
     ) -> None:
+        # every refusal comes before the temporary workdir below: a refused deployment leaves nothing behind
         if num_nodes < 1:
             raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
         if node_data is not None and len(node_data) != num_nodes:
             raise ValueError(f"node_data names {len(node_data)} folders for {num_nodes} nodes")
+        if problem := tls_problem(tls=tls, node_auth=node_auth, lan_host=lan_host):
+            raise ValueError(problem)
         self.node_data = [Path(folder).resolve() for folder in node_data] if node_data else None
+        for folder in self.node_data or []:
+            option_string(str(folder))  # a folder Flower's --node-config cannot name is refused now
         self.app_dir = Path(app_dir).resolve()
         self.num_nodes, self.tls, self.node_auth, self.warm = num_nodes, tls, node_auth, warm
+        self.lan_host = lan_host
         self.devices = {int(k): list(v) for k, v in (devices or {}).items()}
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="stamen-deploy-")
         self.workdir = Path(workdir or self._tmp.name).resolve()
@@ -300,6 +396,8 @@ class LocalDeployment:
         self.env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(self.home)}
         self.certificates: Certificates | None = None
         self.superlink: Started | None = None
+        self.gate: Started | None = None
+        self.gate_port: int | None = None
         self.nodes: dict[int, Started] = {}
         self.extra_nodes: list[Started] = []
 
@@ -324,24 +422,46 @@ class LocalDeployment:
         for folder in (self.home, self.logs):
             folder.mkdir(parents=True, exist_ok=True)
         if self.tls:
-            self.certificates = make_certificates(self.workdir / "certificates")
-        for attempt in range(PORT_TRIES):
-            self.superlink = self._spawn("superlink", self._superlink_command())
-            if _listens(self.superlink, self.port):
-                break
-            self._set_aside(self.superlink, attempt)
-            self.port = free_port()
-            self.address = f"127.0.0.1:{self.port}"
-        else:
-            raise RuntimeError(f"the SuperLink found its port taken {PORT_TRIES} times; logs in {self.logs}")
+            self.certificates = make_certificates(self.workdir / "certificates", host=self.lan_host or "127.0.0.1")
+        self.superlink, self.port = self._start_server("superlink", self._superlink_command, self.port)
+        self.address = f"127.0.0.1:{self.port}"
+        if self.lan_host:
+            # the gate is stamen's own module: it runs from the folder holding this package, as installed or cloned
+            path = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), self.env.get("PYTHONPATH")]))
+            env = {**self.env, "PYTHONPATH": path}
+            self.gate, self.gate_port = self._start_server("fleet-gate", self._gate_command, free_port(),
+                                                           host=self.lan_host, env=env)  # fmt: skip
         self._write_connection()
         for partition in range(self.num_nodes):
             self.start_node(partition)
         for partition in range(self.num_nodes):
             self._await_node(partition)
 
-    def _superlink_command(self) -> list[str]:
-        link = ["flower-superlink", *self._security(), "--host", "127.0.0.1", "--port", str(self.port), "--database",
+    @property
+    def fleet_address(self) -> str:
+        """The address the SuperNodes dial: the Fleet gate's with ``lan_host``, else the SuperLink's."""
+        return f"{_url_host(self.lan_host)}:{self.gate_port}" if self.lan_host else self.address
+
+    def _start_server(self, name: str, command: Callable[[int], list[str]], port: int, *, host: str = "127.0.0.1",
+                      env: dict[str, str] | None = None) -> tuple[Started, int]:  # fmt: skip
+        """Start ``command(port)`` until it holds its port (a fresh one after each loss); the process and port."""
+        for attempt in range(PORT_TRIES):
+            started = self._spawn(name, command(port), env=env)
+            if _listens(started, port, host=host):
+                return started, port
+            self._set_aside(started, attempt)
+            port = free_port()
+        raise RuntimeError(f"the {name} found its port taken {PORT_TRIES} times; logs in {self.logs}")
+
+    def _gate_command(self, port: int) -> list[str]:
+        certs = self.certificates
+        return [sys.executable, "-m", f"{PACKAGE}.fleet_gate", "--listen", f"{_url_host(self.lan_host)}:{port}",
+                "--superlink", self.address, "--ssl-certfile", str(certs.server_cert), "--ssl-keyfile",
+                str(certs.server_key), "--ssl-ca-certfile", str(certs.ca_cert)]  # fmt: skip
+
+    def _superlink_command(self, port: int) -> list[str]:
+        # 127.0.0.1 only, whatever else: this listener also serves the Control API, which asks for no credential
+        link = ["flower-superlink", *self._security(), "--host", "127.0.0.1", "--port", str(port), "--database",
                 str(self.workdir / "superlink.db"), "--disable-runtime-dependency-installation"]  # fmt: skip
         if self.certificates:
             certs = self.certificates
@@ -372,10 +492,11 @@ class LocalDeployment:
         started.log_path.rename(started.log_path.with_name(f"{started.log_path.name}.port-taken-{attempt}"))
 
     def _write_connection(self) -> None:
-        lines = ["[superlink]", f'default = "{CONNECTION}"', "", f"[superlink.{CONNECTION}]",
-                 f'address = "{self.address}"']  # fmt: skip
+        """``flwr``'s connection to the SuperLink (never the Fleet gate: it refuses the Control API)."""
+        lines = ["[superlink]", f"default = {toml_string(CONNECTION)}", "", f"[superlink.{CONNECTION}]",
+                 f"address = {toml_string(self.address)}"]  # fmt: skip
         if self.certificates:
-            lines.append(f'root-certificates = "{self.certificates.ca_cert}"')
+            lines.append(f"root-certificates = {toml_string(str(self.certificates.ca_cert))}")
         else:
             lines.append("insecure = true")
         (self.home / "config.toml").write_text("\n".join(lines) + "\n")
@@ -394,10 +515,10 @@ class LocalDeployment:
     def node_command(self, partition: int, *, key: NodeKey | None = None) -> list[str]:
         """The ``flower-supernode`` command for partition ``partition``."""
         if self.node_data is not None and partition < len(self.node_data):
-            node_config = f"data-dir='{self.node_data[partition]}'"
+            node_config = f"data-dir={option_string(str(self.node_data[partition]))}"
         else:
             node_config = f"partition-id={partition} num-partitions={self.num_nodes}"
-        options = [*self._security(), "--superlink", self.address, "--node-config", node_config]
+        options = [*self._security(), "--superlink", self.fleet_address, "--node-config", node_config]
         if self.certificates:
             options += ["--root-certificates", str(self.certificates.ca_cert)]
         if key:
@@ -443,13 +564,17 @@ class LocalDeployment:
         """SIGKILL a SuperNode (a device that loses power): the SuperLink notices when its heartbeat expires."""
         self.nodes[partition].stop(signal.SIGKILL)
 
+    def _started(self) -> list[Started]:
+        """Every process this deployment started: the SuperLink, the Fleet gate, the SuperNodes."""
+        return [item for item in (self.superlink, self.gate, *self.nodes.values(), *self.extra_nodes) if item]
+
     def process_groups(self) -> list[int]:
         """The process group of every process this deployment started (each leads its own)."""
-        return [item.process.pid for item in (*self.nodes.values(), *self.extra_nodes, self.superlink) if item]
+        return [item.process.pid for item in self._started()]
 
     def close(self) -> None:
         """Stop every process this deployment started (SIGTERM, then SIGKILL), then delete a temporary workdir."""
-        started = [*self.nodes.values(), *self.extra_nodes, *([self.superlink] if self.superlink else [])]
+        started = self._started()[::-1]  # the SuperNodes first, the SuperLink last
         for item in started:
             item.stop(signal.SIGTERM)
         deadline = time.monotonic() + 10
@@ -537,16 +662,15 @@ class LocalDeployment:
         never connected, which only its own log shows.
         """
         parts = []
-        for item in [self.superlink, *self.nodes.values(), *self.extra_nodes]:
-            if item is not None:
-                code = item.process.poll()
-                state = "running" if code is None else f"exited {code}"
-                parts.append(f"--- {item.name} ({state}), {item.log_path}:\n{_tail(item.log_path, chars)}")
+        for item in self._started():
+            code = item.process.poll()
+            state = "running" if code is None else f"exited {code}"
+            parts.append(f"--- {item.name} ({state}), {item.log_path}:\n{_tail(item.log_path, chars)}")
         return "\n".join(parts)
 
     def commands(self) -> list[str]:
         """The commands this deployment ran, for copying into a real one."""
-        return [shlex.join(item.command) for item in [self.superlink, *self.nodes.values()] if item]
+        return [shlex.join(item.command) for item in [self.superlink, self.gate, *self.nodes.values()] if item]
 
 
 def deployment_run_config(text: str, *, results_dir: Path) -> dict[str, object]:
@@ -577,7 +701,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-data", type=Path, nargs="+", metavar="FOLDER",
                         help="each SuperNode's own data folder (one node per folder; overrides --nodes)")  # fmt: skip
     parser.add_argument("--tls", action="store_true", help="serve over TLS with a generated CA")
-    parser.add_argument("--auth", action="store_true", help="enable SuperNode authentication (registers each key)")
+    parser.add_argument("--auth", action="store_true",
+                        help="enable SuperNode authentication (registers each key); needs --tls")  # fmt: skip
+    parser.add_argument("--lan-host", metavar="ADDRESS",
+                        help="the LAN recipe: SuperNodes dial the Fleet gate on ADDRESS (e.g. 127.0.0.2), the "
+                             "SuperLink and its Control API stay on 127.0.0.1; needs --tls")  # fmt: skip
     parser.add_argument("--run-config", default="", help='overrides, as for flwr run: "num-server-rounds=3 ..."')
     parser.add_argument("--workdir", type=Path, help="keep certificates, keys, logs and results here")
     parser.add_argument("--warm", action="store_true",
@@ -585,6 +713,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve", action="store_true", help="keep the deployment up until Ctrl-C instead of running")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the run (default 3600)")
     args = parser.parse_args(argv)
+    if problem := tls_problem(tls=args.tls, node_auth=args.auth, lan_host=args.lan_host):
+        parser.error(problem)  # exits 2 before any file or process exists
     try:
         config = deployment_run_config(args.run_config, results_dir=Path.cwd() / "results")
     except ConfigError as err:
@@ -593,7 +723,8 @@ def main(argv: list[str] | None = None) -> int:
     app_dir = Path(__file__).resolve().parent.parent
     num_nodes = len(args.node_data) if args.node_data else args.nodes
     with LocalDeployment(app_dir=app_dir, num_nodes=num_nodes, tls=args.tls, node_auth=args.auth,
-                         workdir=args.workdir, node_data=args.node_data, warm=args.warm) as deployment:  # fmt: skip
+                         workdir=args.workdir, node_data=args.node_data, warm=args.warm,
+                         lan_host=args.lan_host) as deployment:  # fmt: skip
         print("started:\n  " + "\n  ".join(deployment.commands()))
         print(f"FLWR_HOME={deployment.home} (connection {CONNECTION!r}); logs in {deployment.logs}")
         if args.serve:
