@@ -10,7 +10,7 @@ from logging import ERROR, INFO, WARNING
 
 import numpy as np
 import torch
-from flwr.common import Context, Parameters, ndarrays_to_parameters
+from flwr.common import Context, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.logger import log
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
@@ -19,17 +19,25 @@ from app.config import ConfigError, Settings, check_on_server, ignored_keys, ign
 from app.own_parts import ModelFn, OwnParts
 from app.provenance import run_provenance
 from app.registry import METHODS
-from app.results import ResultWriter, run_directory, write_refusal
+from app.results import ResultWriter, earlier_run_problem, run_directory, run_name_problem, write_refusal
 from app.workdir import resolved
 from clients.base import torch_device
 from clients.models import build_model, layout_of, parameter_count
 from clients.training import accuracy_and_loss, to_tensor
 from datasets import dataset_shape, load_source
 from strategies.base import FederatedStrategy
-from strategies.checkpoint import Checkpoint, CheckpointError, checkpoint_file, load_checkpoint
+from strategies.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    arrays_of_model,
+    check_model,
+    checkpoint_file,
+    load_checkpoint,
+)
 from strategies.contracts.common import DataSettings, ExecutionSettings, RunSettings
 from strategies.contracts.models import ModelCard, ModelLayout
 from strategies.resume import ContinuedRun
+from strategies.run_checkpoints import resumable_state_problem
 from strategies.server import RoundServer
 
 
@@ -85,18 +93,25 @@ RESUMABLE_CHANGES = frozenset(
 )  # fmt: skip
 
 
-def checkpoint_to_resume(settings: Settings) -> Checkpoint:
-    """The checkpoint named by ``resume-from``, checked against this run's settings.
+def checkpoint_to_resume(settings: Settings, *, model: list[np.ndarray] | None = None) -> Checkpoint:
+    """The checkpoint named by ``resume-from``, checked against this run's settings and, if given, its ``model``.
 
     Raises
     ------
     ConfigError
-        If the checkpoint is unreadable, was written with other settings (the
+        If the checkpoint is unreadable or malformed, lacks what resuming reads, holds
+        a model of other shapes or dtypes, was written with other settings (the
         differing keys are named), or already covers ``num-server-rounds``.
 
     """
     try:
         checkpoint = load_checkpoint(str(resolved(settings.execution.resume_from)))
+        # a tuned run's checkpoint holds the tuner's state (FATHOM's own tuner is known only to its strategy)
+        tuned = settings.tuner is not None or "tuner" in checkpoint.state
+        if problem := resumable_state_problem(checkpoint.state, tuned=tuned):
+            raise CheckpointError(f"checkpoint {problem}")
+        if model is not None:
+            check_model(model, arrays_of_model(checkpoint))
     except CheckpointError as err:
         raise ConfigError(f"run config key 'resume-from': {err}") from err
     stored = checkpoint.state.get("settings", {})
@@ -117,10 +132,12 @@ def checkpoint_to_resume(settings: Settings) -> Checkpoint:
 
 
 def refused(err: Exception, run_config: Mapping[str, object], parts: OwnParts) -> None:
-    """Log a refused run's reason as one line, before Flower prints its traceback, and say so in its ``summary.json``.
+    """Log a refused run's reason as one line, before Flower prints its traceback, and record it in its folder.
 
     The folder is the one the run would have written to; when the keys naming it are the
-    ones refused, there is none, and the log line is all.
+    ones refused, there is none, and the log line is all. The record replaces nothing
+    (:func:`app.results.write_refusal`): it is the ``summary.json`` of a new or empty
+    folder, and ``refused-<timestamp>.json`` beside an earlier run's files.
     """
     reason = " ".join(str(err).split())
     log(ERROR, "stamen: the run is refused: %s", reason)
@@ -129,10 +146,11 @@ def refused(err: Exception, run_config: Mapping[str, object], parts: OwnParts) -
         execution = ExecutionSettings.from_config(run_config)
         data_name = parts.data_name or str(run_config.get("dataset", DataSettings.key_specs()[0].default))
         run_dir = run_directory(execution.results_dir, execution.run_name, f"{run.strategy}-{data_name}")
-    except ConfigError:
+        written = write_refusal(run_dir=run_dir, reason=reason, run_config=run_config)
+    except (ConfigError, OSError):  # the refusal's own line above is what matters; a record is a courtesy
         return
-    log(INFO, "stamen wrote %s (status failed: refused)", write_refusal(run_dir=run_dir, reason=reason,
-                                                                        run_config=run_config))  # fmt: skip
+    if written is not None:
+        log(INFO, "stamen wrote %s (status failed: refused)", written)
 
 
 def build_server_app(
@@ -190,6 +208,8 @@ def server_function(parts: OwnParts) -> Callable[[Context], ServerAppComponents]
 def server_components(run_config: Mapping[str, object], parts: OwnParts) -> ServerAppComponents:
     """Build the strategy named by ``strategy``, with a result writer as its recorder, inside stamen's round server."""
     settings, network = parts.settings(run_config, own_data=bool(parts.data_name))
+    if problem := run_name_problem(settings.execution.run_name):
+        raise ConfigError(problem)
     ignored = ignored_keys(run_config, settings)
     if ignored:
         log(WARNING, ignored_keys_line(ignored))
@@ -200,7 +220,10 @@ def server_components(run_config: Mapping[str, object], parts: OwnParts) -> Serv
         log(INFO, "stamen: %s on %s, the app's model %s (%d parameters)", settings.run.strategy,
             parts.data_name or settings.data.dataset, settings.training.model, parameter_count(network))  # fmt: skip
     check_on_server(settings, layout=layout)
-    checkpoint = checkpoint_to_resume(settings) if settings.execution.resume_from else None
+    checkpoint = (checkpoint_to_resume(settings, model=parameters_to_ndarrays(parameters))
+                  if settings.execution.resume_from else None)  # fmt: skip
+    if checkpoint is None and (problem := earlier_run_in_the_way(settings)):
+        raise ConfigError(problem)
     # everything that can fail on the server runs before the results folder exists, so a folder is
     # only made for a run that reaches its clients (and then ends with a summary.json either way)
     central_evaluation = central_evaluator(settings) if settings.run.central_eval else None
@@ -230,6 +253,18 @@ def server_components(run_config: Mapping[str, object], parts: OwnParts) -> Serv
                          max_workers=settings.execution.server_threads)  # fmt: skip
     rounds = strategy.remaining_rounds if checkpoint is not None else settings.run.num_server_rounds
     return ServerAppComponents(server=server, config=ServerConfig(num_rounds=rounds))
+
+
+def earlier_run_in_the_way(settings: Settings) -> str | None:
+    """Why a new run may not write to its ``run-name`` folder (:func:`app.results.earlier_run_problem`), or ``None``.
+
+    Asked before any work, so a run that would mix its files with an earlier run's is
+    refused at once; the writer claims the folder atomically later (:class:`ResultWriter`).
+    """
+    execution = settings.execution
+    if not execution.run_name:  # a default folder is always a new one
+        return None
+    return earlier_run_problem(run_directory(execution.results_dir, execution.run_name, ""))
 
 
 server_fn = server_function(OwnParts(allow_app_keys=False))  # stamen's own (apps that wrap it, the tests)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import time
 from logging import INFO, WARNING
 
@@ -10,7 +11,23 @@ import numpy as np
 from flwr.common import Parameters
 from flwr.common.logger import log
 
-from strategies.checkpoint import Checkpoint, CheckpointError, arrays_of_model, check_shapes, model_arrays
+from strategies.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    arrays_of_model,
+    check_model,
+    model_arrays,
+    state_problem,
+)
+from strategies.contracts.common import PARTITION_ID
+
+# What a method's or the tuner's restore raises on a state of the wrong shape (a missing key, a string
+# where a number goes, an array too short); a checkpoint is input, so each is reported as a CheckpointError.
+STATE_MISFITS = (KeyError, TypeError, ValueError, IndexError, AttributeError)
+# The tuner's scalars (:meth:`strategies.tuner.FathomTuner.checkpoint_state`): the values in force are
+# positive numbers, the counts whole numbers from 0; a value of the wrong kind would reach every client.
+TUNER_VALUES, TUNER_COUNTS = ("lr", "epochs", "batch-size"), ("round", "decays")
+TUNER_REQUIRED = ("lr", "epochs", "batch-size", "round")  # ``decays`` came later: older checkpoints lack it
 
 
 class RunCheckpoints:
@@ -34,25 +51,77 @@ class RunCheckpoints:
         Raises
         ------
         CheckpointError
-            If the checkpoint was written by another strategy or for another model.
+            If the checkpoint was written by another strategy or for another model, or
+            its state does not fit this run's method (one line, whatever the misfit).
 
         """
         if checkpoint.state.get("strategy") != self.name:
             raise CheckpointError(f"checkpoint was written by strategy {checkpoint.state.get('strategy')!r}, "
                                   f"this run is {self.name!r}")  # fmt: skip
         stored = arrays_of_model(checkpoint)
-        check_shapes(self.shapes, stored)
-        # JSON has no NaN: the checkpoint stores it as null
-        self.history = [{k: np.nan if v is None else v for k, v in r.items()} for r in checkpoint.state["history"]]
-        self.started = time.perf_counter() - float(checkpoint.state.get("elapsed-seconds", 0.0))
-        # a node still connected keeps its partition; the preflight's fresh answers win where they differ
-        self.nodes.properties = {**checkpoint.state.get("node-properties", {}), **self.nodes.properties}
-        self.restore(checkpoint.arrays, checkpoint.state.get("own", {}))
-        if self.tuner is not None:
-            self.tuner.restore(checkpoint.arrays, checkpoint.state["tuner"])
+        check_model(self.global_model, stored)
+        if problem := resumable_state_problem(checkpoint.state, tuned=self.tuner is not None):
+            raise CheckpointError(f"checkpoint {problem}")
+        try:
+            self._restore_state(checkpoint)
+        except CheckpointError:
+            raise
+        except STATE_MISFITS as err:
+            raise CheckpointError(f"checkpoint state does not fit a {self.name} run: {type(err).__name__}: "
+                                  f"{' '.join(str(err).split())}") from err  # fmt: skip
         self._use_model(stored)
         log(INFO, "resumed after round %d of %d", checkpoint.round, self.num_rounds)
         if kept := self.contract.client_state(self.method):  # Context.state belongs to one Flower run
             log(WARNING, "resumed %s: its clients keep %s in Context.state, which a new run starts empty; the rounds "
                 "after %d differ from an uninterrupted run's", self.name, kept, checkpoint.round)  # fmt: skip
         return self.global_parameters
+
+    def _restore_state(self, checkpoint: Checkpoint) -> None:
+        """The records, the clock, the node map, the method's and the tuner's state, from ``checkpoint``."""
+        state = checkpoint.state
+        # JSON has no NaN: the checkpoint stores it as null
+        self.history = [{k: np.nan if v is None else v for k, v in r.items()} for r in state["history"]]
+        self.started = time.perf_counter() - float(state.get("elapsed-seconds", 0.0))
+        # a node still connected keeps its partition; the preflight's fresh answers win where they differ
+        self.nodes.properties = {**state.get("node-properties", {}), **self.nodes.properties}
+        self.restore(checkpoint.arrays, state.get("own", {}))
+        if self.tuner is not None:
+            self.tuner.restore(checkpoint.arrays, state["tuner"])
+
+
+def resumable_state_problem(state: dict, *, tuned: bool) -> str | None:
+    """Why a checkpoint's state lacks what resuming reads, or ``None``.
+
+    Besides the types of the entries (:func:`strategies.checkpoint.state_problem`, checked
+    again for a checkpoint that was not loaded from a file), it asks for the round records,
+    the tuner's state in a tuned run and a partition per node.
+    """
+    if problem := state_problem(state):
+        return problem
+    missing = [key for key in ("history", *(("tuner",) if tuned else ())) if key not in state]
+    if missing:
+        return f"state lacks {missing}"
+    if tuned and (problem := tuner_state_problem(state["tuner"])):
+        return problem
+    for node, answer in state.get("node-properties", {}).items():
+        partition = answer.get(PARTITION_ID) if isinstance(answer, dict) else None
+        if not isinstance(partition, int) or isinstance(partition, bool):
+            return f"state 'node-properties' gives node {node!r} no integer {PARTITION_ID!r} ({answer!r:.60})"
+    return None
+
+
+def tuner_state_problem(tuner: dict) -> str | None:
+    """Why the tuner's scalars in a checkpoint are not what it writes (:data:`TUNER_VALUES`, :data:`TUNER_COUNTS`)."""
+    if missing := [key for key in TUNER_REQUIRED if key not in tuner]:
+        return f"state 'tuner' lacks {missing}"
+    for key in (*TUNER_VALUES, *TUNER_COUNTS):
+        if key in tuner and not _fits(tuner[key], count=key in TUNER_COUNTS):
+            kind = "a whole number from 0" if key in TUNER_COUNTS else "a positive number"
+            return f"state 'tuner' has {key} = {tuner[key]!r:.60}; it is {kind}"
+    return None
+
+
+def _fits(value: object, *, count: bool) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return False
+    return value >= 0 and value == int(value) if count else value > 0
