@@ -275,6 +275,8 @@ def one_cell(cell: dict, rounds: int) -> dict:
             "central-loss": central.get("loss"),
             "honest-personalised-accuracy": mean_of(honest, "accuracy"),
             "honest-global-accuracy": mean_of(honest, "global-accuracy"),
+            "per-partition": {str(p): {k: m[k] for k in ("accuracy", "global-accuracy") if k in m}
+                              for p, m in sorted(evaluations.items())},
             "non-finite": non_finite_from is not None, "non-finite-from-round": non_finite_from,
             "at-chance": accuracy is None or not math.isfinite(accuracy) or accuracy <= chance + CHANCE_MARGIN,
             "chance": chance, "rejected": sum(rejected), "rejected-per-round": rejected, "error": error,
@@ -386,12 +388,28 @@ def summary(values: list[float]) -> str:
     return f"{100 * statistics.mean(values):.1f} ± {100 * sd:.1f} ({len(values)})"
 
 
+# the honest clients' means, per client metric: an attacked run's is compared with the same clients in its clean run
+PER_CLIENT = {"honest-personalised-accuracy": "accuracy", "honest-global-accuracy": "global-accuracy"}
+
+
+def reference(clean: dict | None, run: dict, metric: str) -> float | None:
+    """The clean run's ``metric`` to compare ``run`` with: for a client mean, over ``run``'s honest clients only."""
+    if clean is None or clean.get(metric) is None:
+        return None
+    if metric not in PER_CLIENT or "per-partition" not in clean:
+        return clean[metric]
+    attackers = {str(p) for p in run.get("attacker-partitions", [])}
+    values = [m[PER_CLIENT[metric]] for p, m in clean["per-partition"].items()
+              if p not in attackers and PER_CLIENT[metric] in m]  # fmt: skip
+    return statistics.mean(values) if values else None
+
+
 def table_cell(runs: list[dict], clean: dict[int, dict], metric: str) -> str:
     """The runs' ``metric`` as mean ± sd (seeds), the mean gap to the clean run of the same seed, and flags."""
     values = [r[metric] if r[metric] is not None and math.isfinite(r[metric]) else 0.0 for r in runs]
     text = summary(values)
-    gaps = [v - clean[r["seed"]][metric] for v, r in zip(values, runs, strict=True)
-            if r["seed"] in clean and clean[r["seed"]][metric] is not None]  # fmt: skip
+    references = [reference(clean.get(r["seed"]), r, metric) for r in runs]
+    gaps = [v - ref for v, ref in zip(values, references, strict=True) if ref is not None]
     if gaps and runs[0]["attack"] != "clean":
         text += f"; {100 * statistics.mean(gaps):+.1f}"
     flags = [f"{sum(r[flag] for r in runs)} {word}" for flag, word in (("non-finite", "non-finite"),
@@ -476,7 +494,8 @@ def report(document: dict) -> str:
             continue
         lines += [f"## {data.label}", "", "Global model, whole test set:", ""]
         lines += dataset_table(cells, dataset, "global-accuracy")
-        lines += ["", "Honest clients' mean personalised accuracy (one adaptation step, own test split):", ""]
+        lines += ["", "Honest clients' mean personalised accuracy (one adaptation step, own test split); the gap is to "
+                  "the same clients in the clean run:", ""]
         lines += dataset_table(cells, dataset, "honest-personalised-accuracy")
         lines.append("")
     lines += ["## The goal (issue 51)", "", *goal(cells), ""]

@@ -19,6 +19,7 @@ from bench.robust import (  # noqa: E402
     gaussian_noise,
     huge_float64,
     int64_reply,
+    reference,
     report,
     scaled,
     sign_flip,
@@ -156,3 +157,12 @@ def test_every_attack_keeps_the_shapes(attack):
     options = {"rng": np.random.default_rng(0)} if ATTACKS[attack].noisy else {}
     reply = transform(SENT, HONEST, **options)
     assert [a.shape for a in reply] == [a.shape for a in HONEST]
+
+
+def test_a_client_mean_is_compared_with_the_same_clients_of_the_clean_run():
+    clean = {"honest-personalised-accuracy": 0.6, "global-accuracy": 0.5,
+             "per-partition": {"0": {"accuracy": 0.9}, "1": {"accuracy": 0.3}, "2": {"accuracy": 0.6}}}  # fmt: skip
+    attacked = {"attacker-partitions": [1]}
+    assert reference(clean, attacked, "honest-personalised-accuracy") == pytest.approx(0.75)  # (0.9 + 0.6) / 2
+    assert reference(clean, attacked, "global-accuracy") == 0.5  # the global model is one model: as it is
+    assert reference(None, attacked, "global-accuracy") is None
