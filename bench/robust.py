@@ -307,10 +307,10 @@ def cell_key(cell: dict) -> str:
 
 def grid(datasets: list[str], seeds: list[int], aggregations: list[str], attacks: list[str],
          counts: list[int]) -> list[dict]:  # fmt: skip
-    """Every cell, clean runs first in each (dataset, seed) so a stopped run has its references."""
+    """Every cell, seed by seed (a stopped run has whole seeds), clean runs first so it has its references."""
     cells = []
-    for dataset in datasets:
-        for seed in seeds:
+    for seed in seeds:
+        for dataset in datasets:
             for aggregation in aggregations:
                 base = {"dataset": dataset, "seed": seed, "aggregation": aggregation}
                 cells.append({**base, "attack": "clean", "attackers": 0})
