@@ -443,6 +443,32 @@ def dataset_table(cells: list[dict], dataset: str, metric: str) -> list[str]:
     return lines
 
 
+def context(cells: list[dict]) -> list[str]:
+    """What a reader needs beside the goal: each rule's clean cost against the mean, and the attacks screened out whole.
+
+    An attack whose every reply the screen rejected leaves the run without those clients: its rows then
+    measure the loss of their data, not any poisoning, and are alike across such attacks.
+    """
+    lines = []
+    for dataset in DATASETS:
+        mine = [c for c in cells if c["dataset"] == dataset]
+        clean = {a: [c["global-accuracy"] or 0.0 for c in mine if c["aggregation"] == a and c["attack"] == "clean"]
+                 for a in AGGREGATIONS}  # fmt: skip
+        if not clean.get("mean"):
+            continue
+        costs = [f"{a} {100 * (statistics.mean(v) - statistics.mean(clean['mean'])):+.1f}" for a, v in clean.items()
+                 if v and a != "mean"]  # fmt: skip
+        lines.append(f"- {dataset}: each rule's clean accuracy against the mean's (points): {', '.join(costs)}; "
+                     "a rule's gap to its own clean run says nothing of this cost.")  # fmt: skip
+        whole = [a for a in ATTACKS if (runs := [c for c in mine if c["attack"] == a])
+                 and all(c["rejected"] == c["rounds"] * c["attackers"] for c in runs)]  # fmt: skip
+        if whole:
+            lines.append(f"- {dataset}: every reply of {', '.join(whole)} was rejected by the screen, in every round "
+                         "of every run: those rows are the run without the attackers' clients (their data "
+                         "lost, under label skew perhaps classes few others hold), not a poisoned one.")  # fmt: skip
+    return lines
+
+
 def goal(cells: list[dict]) -> list[str]:
     """Issue 51's goal, checked: robust rules within 2 points of clean with up to 2 attackers; the mean never broken."""
     lines = []
@@ -502,7 +528,7 @@ def report(document: dict) -> str:
                   "the same clients in the clean run:", ""]
         lines += dataset_table(cells, dataset, "honest-personalised-accuracy")
         lines.append("")
-    lines += ["## The goal (issue 51)", "", *goal(cells), ""]
+    lines += ["## The goal (issue 51)", "", *goal(cells), "", "## What the table rests on", "", *context(cells), ""]
     return "\n".join(lines)
 
 
@@ -516,8 +542,11 @@ def per_run_seconds(cells: list[dict]) -> str:
     return ", ".join(f"{d} {statistics.median(s):.1f}" for d, s in seconds.items() if s) or "n/a"
 
 
-SIZING_NOTE = ("The attackers are the first k of a permutation of the 10 partitions drawn from the seed (so 2 "
-               "attackers include the 1). Every cell is a fresh run from the seed's initial model.")  # fmt: skip
+SIZING_NOTE = ("Sized from one measured cell each: a clean MNIST run (30 rounds of 10 steps) took 2.4 s alone, a "
+               "FEMNIST one (30 rounds of 20 steps, where cnn-small reaches 57 % of its ~60 % plateau) 16-18 s; the "
+               "570 cells, two side by side, fit about an hour. The attackers are the first k of a permutation of "
+               "the 10 partitions drawn from the seed (so 2 attackers include the 1). Every cell is a fresh run from "
+               "the seed's initial model; a run whose accuracy is not finite counts as 0 in the means.")  # fmt: skip
 ATTACK_NOTE = ("Gaussian noise: sigma is 10 times the RMS of the attacker's own honest update over all its "
                "coordinates, drawn afresh each round from (seed, partition, round). The int64 reply truncates "
                "every array to int64 and sets its first value to 2^62. Label flipping trains on y -> C-1-y and "

@@ -15,6 +15,7 @@ from bench.robust import (  # noqa: E402
     ATTACKS,
     arm,
     attacker_partitions,
+    context,
     flipped_labels,
     gaussian_noise,
     huge_float64,
@@ -134,7 +135,7 @@ def cell(aggregation, attack, attackers, seed, accuracy, **flags):
     return {"dataset": "mnist-dirichlet", "seed": seed, "aggregation": aggregation, "attack": attack,
             "attackers": attackers, "global-accuracy": accuracy, "honest-personalised-accuracy": accuracy,
             "non-finite": flags.get("non_finite", False), "at-chance": flags.get("at_chance", False),
-            "error": None, "rejected": flags.get("rejected", 0), "git-commit": "abc"}  # fmt: skip
+            "error": None, "rejected": flags.get("rejected", 0), "git-commit": "abc", "rounds": 2}  # fmt: skip
 
 
 def test_report_gives_mean_sd_seeds_the_gap_to_clean_and_flags():
@@ -166,3 +167,12 @@ def test_a_client_mean_is_compared_with_the_same_clients_of_the_clean_run():
     assert reference(clean, attacked, "honest-personalised-accuracy") == pytest.approx(0.75)  # (0.9 + 0.6) / 2
     assert reference(clean, attacked, "global-accuracy") == 0.5  # the global model is one model: as it is
     assert reference(None, attacked, "global-accuracy") is None
+
+
+def test_context_names_the_clean_cost_and_the_attacks_screened_out_whole():
+    cells = [cell("mean", "clean", 0, 0, 0.80), cell("median", "clean", 0, 0, 0.55),
+             cell("mean", "scaling", 2, 0, 0.70, rejected=4), cell("mean", "sign-flip", 2, 0, 0.70, rejected=3)]
+    text = "\n".join(context(cells))
+    assert "median -25.0" in text
+    # 2 rounds x 2 attackers = 4 rejections: scaling was screened out whole, sign flip (3 of 4) was not
+    assert "every reply of scaling was rejected" in text
