@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from app.registry import CONTRACTS
+from app.results import run_name_problem
 from app.workdir import resolved
 from clients.models import build_model, layout_of, model_cards
 from datasets import APP_DATA, dataset_shape
@@ -160,6 +161,8 @@ def parse_settings(
     if settings.tuner is not None:
         check_tuning(settings, contracts)
     check_central_evaluation(settings, contracts[run.strategy])
+    if problem := run_name_problem(settings.execution.run_name):  # before any folder, data or node
+        raise ConfigError(problem)
     return settings
 
 

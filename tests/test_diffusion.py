@@ -68,7 +68,8 @@ def federation(settings, *, broken: dict[int, str] | None = None, own_data: bool
         place = {"partition_id": -1, "num_partitions": 0, "data_dir": f"/device-{agent}"} if own_data else {
             "partition_id": agent, "num_partitions": K}  # fmt: skip
         client = DiffusionClient(model=model, data=part, settings=settings, **place)
-        proxy = LocalProxy(f"node-{node}", client, broken=(broken or {}).get(agent, ""))
+        # devices without a number are numbered by node id (never by a string they send): node id = agent there
+        proxy = LocalProxy(f"node-{agent if own_data else node}", client, broken=(broken or {}).get(agent, ""))
         manager.register(proxy)
         data.append((agent, part))
         proxies.append(proxy)
@@ -117,8 +118,8 @@ def test_fedsgd_round_is_the_averaged_gradient_step():
     np.testing.assert_allclose(strategy.agents[0], expected, rtol=1e-5, atol=1e-6)
 
 
-def test_devices_with_their_own_data_are_numbered_by_data_dir_and_run_exactly_as_numbered_agents():
-    # the server numbers /device-0 ... /device-3 as agents 0-3 and tells each its number, which seeds its batches:
+def test_devices_with_their_own_data_are_numbered_by_node_id_and_run_exactly_as_numbered_agents():
+    # the server numbers the devices by node id as agents 0-3 and tells each its number, which seeds its batches:
     # the same run as agents that knew their numbers
     runs = []
     for own_data in (False, True):

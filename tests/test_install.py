@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import zipfile
 from pathlib import Path
@@ -113,14 +114,31 @@ def _venv_python(venv: Path) -> Path:
     return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
+def _venv_beside_this_python(venv: Path) -> Path:
+    """A virtual environment that also sees the packages this Python sees; its python.
+
+    ``venv --system-site-packages`` lends the *base* interpreter's packages: run from inside
+    a virtual environment (where a user runs the README's test command), it would not see
+    that environment's flwr and torch. A ``.pth`` file in the new environment appends this
+    Python's own site-packages after the new environment's, so what is installed into it
+    still comes first.
+    """
+    python = _venv_beside_this_python(venv)
+    if sys.prefix != sys.base_prefix:
+        inner = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+        outer = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+        (Path(inner) / "_outer_environment.pth").write_text("".join(f"{path}\n" for path in outer))
+    return python
+
+
 @pytest.mark.e2e
 def test_flwr_datasets_survives_installing_stamen_and_the_quick_start_job_finishes(tmp_path, monkeypatch):
     """The issue's reproduction: flwr-datasets first, then stamen as the README installs it."""
     venv = tmp_path / "venv"
     # System site-packages lend torch, flwr and ray (the registry's torch is capped and on disk);
     # flwr-datasets, HuggingFace datasets and stamen itself are installed into the venv.
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    python = str(_venv_python(venv))
+    python = str(_venv_beside_this_python(venv))
     pip = [python, "-m", "pip", "--disable-pip-version-check", "-q"]
     probe = subprocess.run([*pip, "download", "--no-deps", "-d", str(tmp_path / "probe"), "flwr-datasets"],
                            capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -167,8 +185,7 @@ def test_a_device_from_the_installed_wheel_alone_joins_a_tls_deployment(tmp_path
     venv = tmp_path / "venv"
     # torch, flwr and the rest come from the system site-packages (the registry's torch is capped and on disk); the
     # wheel goes into the venv itself, over whatever stamen the system may hold
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    python = _venv_python(venv)
+    python = _venv_beside_this_python(venv)
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed",
                     *map(str, wheels.glob("stamen-*.whl"))], check=True, capture_output=True, timeout=600)  # fmt: skip
     device = python.parent / "stamen-device"

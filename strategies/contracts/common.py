@@ -115,7 +115,7 @@ class RunSettings(KeyedSettings):
     stop_after_nonfinite: int = key(3, "stop the run after this many consecutive rounds in which every fit reply was "
                                     "non-finite or no evaluation loss was finite (0 = never)", at_least=0,
                                     at_most=MAX_ROUNDS)  # fmt: skip
-    max_update_ratio: float = key(10.0, "reject a fit reply whose update norm (or the norm of a returned array set) "
+    max_update_ratio: float = key(20.0, "reject a fit reply whose update norm (or the norm of a returned array set) "
                                   "exceeds this multiple of the round's median (0 = never; needs 3 replies)",
                                   at_least=0)  # fmt: skip
     aggregation: str = key("uniform", "uniform (the Per-FedAvg paper) or examples (weigh models by example count); "
@@ -258,7 +258,8 @@ class ExecutionSettings(KeyedSettings):
     num_threads: int = key(1, "torch threads per client process (0: torch's default)", at_least=0)
     server_threads: int = key(64, "messages the server keeps in flight at once", at_least=1)
     results_dir: str = key("results", "results go to <results-dir>/<run-name>/ (a relative path: under ~/stamen/)")
-    run_name: str = key("", "empty: <strategy>-<dataset>-<timestamp>")
+    run_name: str = key("", "empty: <strategy>-<dataset>-<timestamp>; else one folder name under results-dir (no '/', "
+                        "'\\', '.', '..'); a folder holding an earlier run is refused (continue it with resume-from)")
     checkpoint_every: int = key(0, "write <run folder>/checkpoint.npz every k rounds and after the last (0 = never)",
                                 at_least=0)  # fmt: skip
     resume_from: str = key("", "a checkpoint.npz (or its run folder; relative: under ~/stamen/): continue that run, "
