@@ -20,7 +20,6 @@ import json
 import math
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Mapping
 from logging import INFO, WARNING
@@ -31,7 +30,7 @@ from flwr.common.logger import log
 
 from app.provenance import data_provenance
 from app.workdir import resolved
-from strategies.checkpoint import FILE_NAME, Checkpoint, save_checkpoint, write_atomically
+from strategies.checkpoint import FILE_NAME, Checkpoint, save_checkpoint, synced_temporary, write_atomically
 from strategies.contracts.keys import ConfigError
 
 METRICS = "metrics.jsonl"
@@ -180,12 +179,8 @@ def write_new(path: Path, data: bytes) -> bool:
     The data goes to a temporary file, synced, which is then hard-linked to ``path``:
     the link fails where the name is taken, and a reader never sees half a file.
     """
-    handle, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    partial = synced_temporary(path, data)
     try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
         try:
             os.link(partial, path)
         except FileExistsError:

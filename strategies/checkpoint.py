@@ -78,6 +78,23 @@ def checkpoint_file(path: str | Path) -> Path:
     return path / FILE_NAME if path.is_dir() and not path.is_symlink() else path
 
 
+def synced_temporary(path: Path, data: bytes) -> str:
+    """A new temporary file beside ``path`` (``.<name>.*.partial``, created exclusively) holding ``data``, synced.
+
+    Removed again if writing fails; the caller renames or links it into place.
+    """
+    handle, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+    return partial
+
+
 def write_atomically(path: Path, data: bytes) -> None:
     """Replace ``path`` by ``data``: a temporary file in the same folder, synced, then renamed over it.
 
@@ -86,12 +103,8 @@ def write_atomically(path: Path, data: bytes) -> None:
     a planted symbolic link), and the rename replaces a link at ``path`` instead of
     writing where it points.
     """
-    handle, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    partial = synced_temporary(path, data)
     try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
         os.replace(partial, path)
     except BaseException:
         Path(partial).unlink(missing_ok=True)
