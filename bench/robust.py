@@ -565,12 +565,14 @@ def main() -> None:
     parser.add_argument("--counts", nargs="+", type=int, default=list(ATTACKER_COUNTS))
     parser.add_argument("--rounds", type=int, help="rounds on every dataset (default: each dataset's own)")
     parser.add_argument("--workers", type=int, default=1, help="cells run side by side, one thread each")
+    parser.add_argument("--name", default=NAME, help="the results' file stem: a grid measured at another commit "
+                        "(another default screen) goes beside the first, not into it")  # fmt: skip
     args = parser.parse_args()
     if args.quick:
         args.datasets, args.seeds, args.counts = args.datasets[:1], [0], [2]
         args.rounds = args.rounds or 5
     folder = QUICK_RESULTS if args.quick else RESULTS
-    path = folder / f"{NAME}.json"
+    path = folder / f"{args.name}.json"
     if not args.report_only:
         missing = [d for d in args.datasets if not (SHARED_DATA / DATASETS[d].needs).exists()]
         if missing:
@@ -579,7 +581,7 @@ def main() -> None:
         cells = grid(args.datasets, args.seeds, args.aggregations, args.attacks, args.counts)
         run_grid(cells, rounds, path, args.workers)
     document = load(path)
-    (folder / f"{NAME}.md").write_text(report(document))
+    (folder / f"{args.name}.md").write_text(report(document))
     print(report(document))
 
 
