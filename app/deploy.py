@@ -337,6 +337,11 @@ class LocalDeployment:
         Each node's own data folder instead (a device that brings its data): node i gets
         ``--node-config "data-dir='node_data[i]'"`` and no partition; ``num_nodes`` must
         be its length.
+    numbered
+        With ``node_data``: node i also gets ``partition-id=i``. Without a partition id the
+        server numbers devices by Flower node id, which a new SuperLink draws anew, so two
+        deployments of the same devices train different partitions' batches; a fixed number
+        makes them the same run.
     tls
         Serve the SuperLink over TLS with a freshly made CA and server certificate.
     node_auth
@@ -369,6 +374,7 @@ class LocalDeployment:
         node_auth: bool = False,
         workdir: Path | None = None,
         node_data: list[Path] | None = None,
+        numbered: bool = False,
         warm: bool = False,
         devices: Mapping[int, Sequence[str]] | None = None,
         lan_host: str | None = None,
@@ -381,6 +387,7 @@ class LocalDeployment:
         if problem := tls_problem(tls=tls, node_auth=node_auth, lan_host=lan_host):
             raise ValueError(problem)
         self.node_data = [Path(folder).resolve() for folder in node_data] if node_data else None
+        self.numbered = numbered
         for folder in self.node_data or []:
             option_string(str(folder))  # a folder Flower's --node-config cannot name is refused now
         self.app_dir = Path(app_dir).resolve()
@@ -516,6 +523,8 @@ class LocalDeployment:
         """The ``flower-supernode`` command for partition ``partition``."""
         if self.node_data is not None and partition < len(self.node_data):
             node_config = f"data-dir={option_string(str(self.node_data[partition]))}"
+            if self.numbered:
+                node_config += f" partition-id={partition} num-partitions={self.num_nodes}"
         else:
             node_config = f"partition-id={partition} num-partitions={self.num_nodes}"
         options = [*self._security(), "--superlink", self.fleet_address, "--node-config", node_config]

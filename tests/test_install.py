@@ -123,7 +123,8 @@ def _venv_beside_this_python(venv: Path) -> Path:
     Python's own site-packages after the new environment's, so what is installed into it
     still comes first.
     """
-    python = _venv_beside_this_python(venv)
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    python = _venv_python(venv)
     if sys.prefix != sys.base_prefix:
         inner = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip

@@ -107,8 +107,9 @@ def kill_a_training_child(deployment: LocalDeployment, partition: int, metrics: 
 def warm_scenario(workdir: Path, devices: list[Path]) -> dict:
     results = workdir / "results"
     changed = changed_app(workdir / "changed-app")
-    with LocalDeployment(app_dir=REPO, num_nodes=3, tls=True, node_auth=True, node_data=devices, warm=True,
-                         workdir=workdir / "deployment") as deployment:  # fmt: skip
+    # numbered: the warm and the cold deployment must train the same partitions' batches to give one run
+    with LocalDeployment(app_dir=REPO, num_nodes=3, tls=True, node_auth=True, node_data=devices, numbered=True,
+                         warm=True, workdir=workdir / "deployment") as deployment:  # fmt: skip
         # together: the killed run's 60 s wait for Flower's verdict overlaps the other two
         runs = {"same": deployment.submit(config(results, "same")),
                 "changed": deployment.submit(config(results, "changed"), app_dir=changed),
@@ -124,7 +125,7 @@ def warm_scenario(workdir: Path, devices: list[Path]) -> dict:
 
 def cold_scenario(workdir: Path, devices: list[Path]) -> dict:
     results = workdir / "results"
-    with LocalDeployment(app_dir=REPO, num_nodes=3, tls=True, node_auth=True, node_data=devices,
+    with LocalDeployment(app_dir=REPO, num_nodes=3, tls=True, node_auth=True, node_data=devices, numbered=True,
                          workdir=workdir / "deployment") as deployment:  # fmt: skip
         outcome = deployment.run(config(results, "same"), timeout_s=RUN_TIMEOUT_S)
         node_logs = [node.log_path.read_text(errors="replace") for node in deployment.nodes.values()]
