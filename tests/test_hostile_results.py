@@ -244,19 +244,23 @@ def test_resume_drops_a_torn_last_line_with_one_warning(finished, tmp_path, capl
                 r.getMessage()]  # fmt: skip
     assert len(warnings) == 1 and str(metrics) in warnings[0]
 
+def assert_resume_refused(run_dir, tmp_path, caplog, match: str) -> None:
+    """Resuming from ``run_dir`` is refused (``match``) in one line, and every file there is as it was."""
+    before = contents(run_dir)
+    resumed = {**CONFIG, "results-dir": str(tmp_path), "num-server-rounds": ROUNDS + 2, "resume-from": str(run_dir)}
+    with pytest.raises(ConfigError, match=match):
+        submit(resumed)
+    assert len(refusal_lines(caplog)) == 1
+    after = contents(run_dir)
+    assert {name: after[name] for name in before} == before
+
 
 def test_a_torn_line_before_the_last_is_refused_naming_it_and_the_file_is_kept(finished, tmp_path, caplog):
     run_dir = earlier_run(finished, tmp_path)
     metrics = run_dir / "metrics.jsonl"
     first, second = finished["metrics.jsonl"].splitlines(keepends=True)
     metrics.write_bytes(first + b'{"round": 2, "trai\n' + second)
-    before = contents(run_dir)
-    resumed = {**CONFIG, "results-dir": str(tmp_path), "num-server-rounds": ROUNDS + 2, "resume-from": str(run_dir)}
-    with pytest.raises(ConfigError, match=rf"'resume-from': {metrics} line 2 is no JSON record"):
-        submit(resumed)
-    assert len(refusal_lines(caplog)) == 1
-    after = contents(run_dir)
-    assert {name: after[name] for name in before} == before
+    assert_resume_refused(run_dir, tmp_path, caplog, rf"'resume-from': {metrics} line 2 is no JSON record")
 
 
 def test_read_metrics_drops_only_a_last_line_without_its_newline(tmp_path):
@@ -448,10 +452,4 @@ def test_a_checkpoint_that_does_not_fit_is_refused_before_any_work_and_the_folde
     else:
         meta["state"]["history"] = 3
     (run_dir / "checkpoint.npz").write_bytes(archive_bytes(meta, arrays))
-    before = contents(run_dir)
-    resumed = {**CONFIG, "results-dir": str(tmp_path), "num-server-rounds": ROUNDS + 2, "resume-from": str(run_dir)}
-    with pytest.raises(ConfigError, match=r"^run config key 'resume-from': checkpoint "):
-        submit(resumed)
-    assert len(refusal_lines(caplog)) == 1
-    after = contents(run_dir)
-    assert {name: after[name] for name in before} == before
+    assert_resume_refused(run_dir, tmp_path, caplog, r"^run config key 'resume-from': checkpoint ")
