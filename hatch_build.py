@@ -2,7 +2,7 @@
 
 A Flower app runs from its own folder: ``flwr run .`` bundles the folder and puts it
 first on ``sys.path`` in every ServerApp and ClientApp process, and the tests, the
-benchmarks and ``python -m app.deploy`` run from the clone too. So the four folders
+benchmarks and ``python -m app.local.deployment`` run from the clone too. So the four folders
 ``app``, ``strategies``, ``clients`` and ``datasets`` never need to be installed under
 those generic names, and installing them there overwrote HuggingFace ``datasets``
 (which flwr-datasets needs) and any other app's ``app``.

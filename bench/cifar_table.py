@@ -279,7 +279,7 @@ def startup(rounds: int = 2, repeats: int = 3) -> dict:
     The three cases run in turn ``repeats`` times, each repeat from a new empty cache; a
     case's figures are the medians over the repeats.
     """
-    from app.launcher import LocalSimulation
+    from app.local.simulation import LocalSimulation
     from bench.common import read_records
 
     cases = {"cifar-cold": True, "cifar-warm": False, "default-job": None}

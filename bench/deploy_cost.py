@@ -9,14 +9,14 @@ and the message, up to stamen's import; in a warm child, the fork to the message
 stamen), ``imports`` (torch and stamen), ``data``, ``build`` (settings, model, client)
 and ``work`` (training, evaluation or the preflight's check).
 
-Each case is a loopback deployment (``app.deploy.LocalDeployment``) of 2 or 4 SuperNodes,
+Each case is a loopback deployment (``app.local.deployment.LocalDeployment``) of 2 or 4 SuperNodes,
 each with its own image folder of MNIST digits (200 training images, written by
 ``datasets.tools.device_folders``), running Per-FedAvg HF (tau 10, batches of 10) for
 ``--rounds`` rounds with every node training each round and evaluating in the last:
 ``nodes * (rounds + 2)`` messages (preflight, fits, evaluations). ``now`` runs every
 SuperNode with Flower's executor, ``warm`` as a warm device, both at HEAD; they alternate
 ``--repeats`` times. ``simulation`` runs the same work through Flower's simulation engine
-(``app.launcher.LocalSimulation``, the nodes' folders merged into one and split iid),
+(``app.local.simulation.LocalSimulation``, the nodes' folders merged into one and split iid),
 where a Ray worker pays for its process and imports once. Medians are over every message
 of a case.
 
@@ -50,8 +50,8 @@ from common import QUICK_RESULTS, REPO, machine
 
 sys.path.insert(0, str(REPO))
 
-from app.deploy import LocalDeployment  # noqa: E402
-from app.launcher import FINISHED_OK, LocalSimulation  # noqa: E402
+from app.local.deployment import LocalDeployment  # noqa: E402
+from app.local.simulation import FINISHED_OK, LocalSimulation  # noqa: E402
 from datasets.tools.device_folders import CLASSES, INPUT_SHAPE, make_device_folders  # noqa: E402
 
 PHASES = ("flower", "imports", "data", "build", "work")

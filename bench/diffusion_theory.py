@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from app.config import parse_settings  # noqa: E402
-from app.launcher import LocalSimulation  # noqa: E402
+from app.local.simulation import LocalSimulation  # noqa: E402
 from bench.common import QUICK_RESULTS, RunLog, interval, machine, read_records  # noqa: E402
 from bench.inprocess import InProcessRun  # noqa: E402
 from datasets import load_client_data  # noqa: E402

@@ -47,7 +47,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.launcher import LocalSimulation  # noqa: E402
+from app.local.simulation import LocalSimulation  # noqa: E402
 from bench.common import QUICK_RESULTS, SHARED_DATA, RunLog, interval, machine, read_records  # noqa: E402
 
 WRITERS, PER_ROUND, MODEL = 105, 10, "cnn-small"

@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.launcher import LocalSimulation  # noqa: E402
+from app.local.simulation import LocalSimulation  # noqa: E402
 
 NODES = 100
 # iid: 100 clients of the embedded data each get a share (the default split needs more images than it has)

@@ -40,7 +40,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.launcher import LocalSimulation  # noqa: E402
+from app.local.simulation import LocalSimulation  # noqa: E402
 from app.registry import METHODS  # noqa: E402
 from bench.common import QUICK_RESULTS, SHARED_DATA, machine  # noqa: E402
 from bench.inprocess import InProcessRun  # noqa: E402

@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.launcher import LocalSimulation  # noqa: E402
+from app.local.simulation import LocalSimulation  # noqa: E402
 
 NUM_SUPERNODES = 50
 FEDERATION = "client-resources-num-cpus=1"  # as in the README's quick start: two clients at a time on 2 cores

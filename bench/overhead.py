@@ -3,7 +3,7 @@
 Per-FedAvg HF on B1's split of ``../shared/data/mnist-10k`` (50 users, a = 34), tau = 10,
 batches of 40, 10 clients a round, no evaluation rounds (``fraction-evaluate = 0``):
 
-(a) Flower: ``flwr run`` through ``app.launcher.LocalSimulation``, exactly as
+(a) Flower: ``flwr run`` through ``app.local.simulation.LocalSimulation``, exactly as
     ``flwr run .`` runs it (50 SuperNodes, Ray backend); seconds per round are the
     strategy's own ``round-seconds`` (configure_fit to the round's record);
 (b) plain loop: one process builds the 50 clients once from the same client classes
@@ -117,7 +117,7 @@ def null_app(folder: Path) -> Path:
 
 
 def flower_case(case: str, federation: str, *, warmup: int, rounds: int, results: Path, app_dir: Path = REPO) -> dict:
-    from app.launcher import LocalSimulation
+    from app.local.simulation import LocalSimulation
 
     config = run_config(case, warmup + rounds, str(results))
     with LocalSimulation(app_dir=app_dir) as sim:

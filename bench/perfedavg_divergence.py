@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from app.launcher import FINISHED_OK, LocalSimulation  # noqa: E402
+from app.local.simulation import FINISHED_OK, LocalSimulation  # noqa: E402
 from bench.common import QUICK_RESULTS, SHARED_DATA, RunLog, interval, machine, read_records  # noqa: E402
 from clients.meta import finite_difference_hvp, hessian_vector_product, meta_gradient  # noqa: E402
 from clients.models import build_model  # noqa: E402

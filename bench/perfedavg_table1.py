@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from app.config import parse_settings  # noqa: E402
-from app.launcher import LocalSimulation  # noqa: E402
+from app.local.simulation import LocalSimulation  # noqa: E402
 from bench.common import QUICK_RESULTS, interval, read_records  # noqa: E402
 from clients.meta import meta_gradient  # noqa: E402
 from clients.models import build_model  # noqa: E402

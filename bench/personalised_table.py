@@ -50,7 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from app.config import parse_settings  # noqa: E402
-from app.launcher import LocalSimulation  # noqa: E402
+from app.local.simulation import LocalSimulation  # noqa: E402
 from app.registry import METHODS  # noqa: E402
 from bench.common import QUICK_RESULTS, SHARED_DATA, RunLog, interval, machine, read_records  # noqa: E402
 from datasets import DataSpec, load_source  # noqa: E402

@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.launcher import LocalSimulation  # noqa: E402
+from app.local.simulation import LocalSimulation  # noqa: E402
 
 SIZES = (10, 50, 105)
 FEMNIST = Path(os.environ.get("STAMEN_SHARED_DATA", REPO.parent / "shared" / "data")) / "femnist-leaf"

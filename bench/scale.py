@@ -37,7 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.launcher import LocalSimulation  # noqa: E402
+from app.local.simulation import LocalSimulation  # noqa: E402
 from bench.common import QUICK_RESULTS, RunLog, machine, read_records  # noqa: E402
 from bench.overhead import PeakSampler  # noqa: E402
 

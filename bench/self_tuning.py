@@ -56,7 +56,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.launcher import LocalSimulation  # noqa: E402
+from app.local.simulation import LocalSimulation  # noqa: E402
 from bench.common import QUICK_RESULTS, SHARED_DATA, interval, machine, read_records  # noqa: E402
 from bench.perfedavg_table1 import NUM_USERS, Row, run_config  # noqa: E402
 

@@ -23,8 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.deploy import LocalDeployment  # noqa: E402
-from app.launcher import FINISHED_OK  # noqa: E402
+from app.local.deployment import LocalDeployment  # noqa: E402
+from app.local.simulation import FINISHED_OK  # noqa: E402
 from app.warm_exec import TASK_NAME  # noqa: E402
 from bench.deploy_cost import MemorySampler, _memory, _stat, _trees  # noqa: E402
 

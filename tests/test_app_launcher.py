@@ -1,4 +1,4 @@
-from app.launcher import FINISHED_OK, RunOutcome, run_config_text
+from app.local.simulation import FINISHED_OK, RunOutcome, run_config_text
 
 
 def test_run_config_text_is_toml_for_flwr_run():

@@ -11,7 +11,7 @@ from flwr.common import parameters_to_ndarrays
 from test_diffusion import K, federation, make_strategy, settings_for
 
 from app.config import ConfigError, parse_settings
-from app.launcher import LocalSimulation
+from app.local.simulation import LocalSimulation
 from app.results import ResultWriter, read_metrics
 from app.server_app import checkpoint_to_resume
 from strategies.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint

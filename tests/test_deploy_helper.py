@@ -1,4 +1,4 @@
-"""``python -m app.deploy``: the helper's own run config merged with the user's, checked before anything starts.
+"""``python -m app.local.deployment``: the helper's run config merged with the user's, checked first.
 
 Flower 1.42 refuses a key given twice in one ``--run-config`` string with an opaque
 "invalid format", so a ``results-dir`` of the user's used to make the helper fail after
@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO
 
 from app.config import ConfigError
-from app.deploy import deployment_run_config
+from app.local.deployment import deployment_run_config
 
 
 def test_the_users_keys_override_the_helpers_results_dir():
@@ -40,7 +40,7 @@ def test_a_bad_run_config_is_refused_by_name(text, message):
 
 
 def test_the_helper_refuses_a_bad_run_config_before_starting_any_process():
-    out = subprocess.run([sys.executable, "-m", "app.deploy", "--run-config", "lrr=0.1"], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "app.local.deployment", "--run-config", "lrr=0.1"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert out.returncode == 2
     assert out.stdout.splitlines() == ["error: unknown run config key(s) 'lrr' (did you mean 'lr'?) "
@@ -51,8 +51,8 @@ def test_the_helper_refuses_a_bad_run_config_before_starting_any_process():
 def test_the_helper_runs_with_the_users_results_dir(tmp_path):
     """The issue's reproduction: a results-dir of the user's through the helper, to finished:completed."""
     config = f"results-dir='{tmp_path}' run-name='mine' num-server-rounds=1 strategy='fedavg' eval-every=1"
-    out = subprocess.run([sys.executable, "-m", "app.deploy", "--nodes", "2", "--workdir", str(tmp_path / "deploy"),
-                          "--run-config", config, "--timeout", "600"], cwd=REPO, capture_output=True, text=True,
-                         timeout=900)  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "app.local.deployment", "--nodes", "2",
+                          "--workdir", str(tmp_path / "deploy"), "--run-config", config, "--timeout", "600"],
+                         cwd=REPO, capture_output=True, text=True, timeout=900)  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert json.loads((tmp_path / "mine" / "summary.json").read_text())["status"] == "completed"

@@ -15,9 +15,9 @@ import time
 import pytest
 from conftest import REPO
 
-import app.deploy as deploy
-from app.deploy import CONNECTION, PORT_IN_USE, LocalDeployment
-from app.launcher import free_port
+import app.local.deployment as deploy
+from app.local.deployment import CONNECTION, PORT_IN_USE, LocalDeployment
+from app.local.simulation import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -38,8 +38,8 @@ from conftest import REPO
 from selection import TRANSPORT_METHODS, selected_runs
 
 from app.config import ConfigError, parse_settings
-from app.deploy import CONNECTION, LocalDeployment, live_processes
-from app.launcher import FINISHED_OK
+from app.local.deployment import CONNECTION, LocalDeployment, live_processes
+from app.local.simulation import FINISHED_OK
 from app.registry import METHODS
 from strategies.contracts.common import TrainingSettings
 

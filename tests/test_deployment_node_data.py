@@ -17,8 +17,8 @@ import subprocess
 import pytest
 from conftest import REPO
 
-from app.deploy import CONNECTION, LocalDeployment
-from app.launcher import FINISHED_OK
+from app.local.deployment import CONNECTION, LocalDeployment
+from app.local.simulation import FINISHED_OK
 from datasets.tools.device_folders import CLASSES, DIGITS, INPUT_SHAPE, make_device_folders
 
 pytestmark = pytest.mark.e2e

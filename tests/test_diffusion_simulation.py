@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO
 
 from app.config import parse_settings
-from app.launcher import LocalSimulation
+from app.local.simulation import LocalSimulation
 from datasets import load_client_data
 from datasets.least_squares import least_squares_optimum
 

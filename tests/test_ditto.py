@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import REPO, settings
 
-from app.launcher import LocalSimulation
+from app.local.simulation import LocalSimulation
 from clients.ditto import PERSONAL, DittoClient
 from clients.models import build_model
 from datasets import ClientData

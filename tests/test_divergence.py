@@ -10,7 +10,7 @@ from conftest import REPO, settings
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from test_strategy_base import arrays, fit_res, make_strategy
 
-from app.launcher import FINISHED_OK, LocalSimulation
+from app.local.simulation import FINISHED_OK, LocalSimulation
 from strategies.base import RunDivergedError
 from strategies.perfedavg import PerFedAvg
 from strategies.screening import outsized, update_norm

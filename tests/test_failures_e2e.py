@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import REPO
 
-from app.launcher import LocalSimulation
+from app.local.simulation import LocalSimulation
 
 pytestmark = pytest.mark.e2e
 CLIENTS = 10

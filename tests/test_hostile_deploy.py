@@ -5,7 +5,7 @@ Control API asks for no credential without Flower's (enterprise) account authent
 the SuperLink on the LAN address, as the guide used to say, a host holding only ``ca.crt``
 registered its own node key, listed runs and nodes and submitted a run (measured, see the
 guide). The recipe keeps the SuperLink on 127.0.0.1 and lets the LAN reach the Fleet API
-alone, through ``app/fleet_gate.py``; these tests hold it to that, and hold ``app/deploy.py``
+alone, through ``app/local/fleet_gate.py``; these tests hold it to that, and hold ``app/local/deployment.py``
 to refusing ``--auth`` without ``--tls`` up front, to private keys that are never readable by
 others, and to configuration text that carries any path.
 """
@@ -27,7 +27,7 @@ import pytest
 from conftest import REPO
 from flwr.common.config import parse_config_args
 
-from app.deploy import (
+from app.local.deployment import (
     CONNECTION,
     FLOWER_ENV,
     LocalDeployment,
@@ -36,7 +36,7 @@ from app.deploy import (
     option_string,
     toml_string,
 )
-from app.fleet_gate import FleetGate, fleet_routes
+from app.local.fleet_gate import FleetGate, fleet_routes
 
 try:
     import tomllib
@@ -47,7 +47,7 @@ ODD = "it's \"odd\" \\ here"  # a single quote, double quotes and a backslash
 GATE_REFUSES = "stamen fleet gate: POST {} is not part of Flower's Fleet API"
 
 
-# ------------------------------------------------------------------ app/deploy.py
+# ------------------------------------------------------------------ app/local/deployment.py
 
 
 @pytest.mark.parametrize(("flags", "message"), [
@@ -58,10 +58,10 @@ GATE_REFUSES = "stamen fleet gate: POST {} is not part of Flower's Fleet API"
 ])  # fmt: skip
 def test_auth_or_the_lan_recipe_without_tls_is_refused_before_anything_exists(tmp_path, flags, message):
     workdir = tmp_path / "deployment"
-    out = subprocess.run([sys.executable, "-m", "app.deploy", *flags, "--workdir", str(workdir)], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "app.local.deployment", *flags, "--workdir", str(workdir)], cwd=REPO,
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert out.returncode == 2, out.stdout + out.stderr
-    assert out.stderr.splitlines()[-1] == f"python -m app.deploy: {message}"
+    assert out.stderr.splitlines()[-1] == f"python -m app.local.deployment: {message}"
     assert not workdir.exists()  # no certificate, key, log or process was made
 
 
@@ -117,7 +117,7 @@ def test_a_node_folder_reaches_flower_as_it_is_or_is_refused_up_front(tmp_path):
         LocalDeployment(app_dir=REPO, num_nodes=1, node_data=[tmp_path / ODD], workdir=tmp_path / "w")
 
 
-# ------------------------------------------------------------------ app/fleet_gate.py, without processes
+# ------------------------------------------------------------------ app/local/fleet_gate.py, without processes
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from app.launcher import FINISHED_OK, LocalSimulation
+from app.local.simulation import FINISHED_OK, LocalSimulation
 from hatch_build import PACKAGES, rewrite_imports
 
 
@@ -178,7 +178,7 @@ def test_flwr_datasets_survives_installing_stamen_and_the_quick_start_job_finish
 @pytest.mark.e2e
 def test_a_device_from_the_installed_wheel_alone_joins_a_tls_deployment(tmp_path):
     """stamen-device from a fresh virtual environment holding only the wheel, in an empty folder, beside a SuperNode."""
-    from app.deploy import LocalDeployment
+    from app.local.deployment import LocalDeployment
 
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),

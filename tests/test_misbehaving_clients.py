@@ -12,7 +12,7 @@ import math
 import pytest
 from conftest import REPO
 
-from app.launcher import LocalSimulation
+from app.local.simulation import LocalSimulation
 
 pytestmark = pytest.mark.e2e
 CLIENTS = 4

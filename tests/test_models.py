@@ -12,7 +12,7 @@ from conftest import OK, REPO, FakeProxy, settings
 from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 
 from app.config import ConfigError, main, parse_settings
-from app.launcher import LocalSimulation
+from app.local.simulation import LocalSimulation
 from app.registry import METHODS
 from clients.models import MODELS, Model, build_model, has_representation, head_names, layout_of, parameter_count
 from clients.models.registry import register_model

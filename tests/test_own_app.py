@@ -26,7 +26,7 @@ import app.api
 import hatch_build
 from app.client_app import READ_APP_DATA, AppData, build_client
 from app.config import ConfigError, app_keys, check_on_server, main, parse_settings
-from app.launcher import LocalSimulation
+from app.local.simulation import LocalSimulation
 from app.own_parts import OwnParts
 from app.registry import METHODS
 from app.server_app import server_components, server_function

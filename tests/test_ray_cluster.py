@@ -20,7 +20,7 @@ import json
 import pytest
 from conftest import REPO
 
-from app.launcher import LocalSimulation, free_port
+from app.local.simulation import LocalSimulation, free_port
 
 pytestmark = pytest.mark.e2e
 CLIENTS = 20

@@ -15,7 +15,7 @@ import json
 import pytest
 from conftest import REPO
 
-from app.launcher import LocalSimulation
+from app.local.simulation import LocalSimulation
 from strategies.records import TIMING_KEYS
 
 pytestmark = pytest.mark.e2e

@@ -19,7 +19,7 @@ from conftest import REPO
 from selection import TRANSPORT_METHODS, selected_runs
 from test_provenance import PACKAGES
 
-from app.launcher import LocalSimulation
+from app.local.simulation import LocalSimulation
 from app.registry import METHODS
 from strategies.contracts.code import code_fingerprint
 from strategies.contracts.personal import WholeModel

@@ -19,7 +19,7 @@ from flwr.common import FitRes, ndarrays_to_parameters
 from flwr.server.client_manager import SimpleClientManager
 
 from app.config import ConfigError, ignored_keys, parse_settings, tuned_keys
-from app.launcher import LocalSimulation
+from app.local.simulation import LocalSimulation
 from app.registry import METHODS
 from clients.base import round_generator
 from clients.meta import meta_gradient

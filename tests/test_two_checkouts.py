@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO
 from test_provenance import change_a_function, copy_of_the_code
 
-from app.launcher import LocalSimulation
+from app.local.simulation import LocalSimulation
 from app.workdir import KEEP_WORKDIR
 from strategies.contracts.code import code_fingerprint
 

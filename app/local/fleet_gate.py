@@ -11,14 +11,14 @@ the LAN therefore takes runs and node keys from anyone holding its CA certificat
 Run the SuperLink on 127.0.0.1 instead and this gate on the LAN address::
 
     flower-superlink --host 127.0.0.1 --port 9101 ... --enable-supernode-auth
-    python -m app.fleet_gate --listen 192.168.1.10:9100 --superlink 127.0.0.1:9101 \
+    python -m app.local.fleet_gate --listen 192.168.1.10:9100 --superlink 127.0.0.1:9101 \
         --ssl-certfile certs/server.pem --ssl-keyfile certs/server.key --ssl-ca-certfile certs/ca.crt
 
 It terminates TLS with the SuperLink's own certificate, passes each request whose method and
 path are one of Flower's Fleet routes (``flwr/superlink/routers/fleet/router.py``) to the
 SuperLink unchanged (the SuperNode's signature headers included, so node authentication
 still decides which device may join), and answers every other request 403 without
-contacting the SuperLink. ``python -m stamen.app.fleet_gate`` where stamen is installed.
+contacting the SuperLink. ``python -m stamen.app.local.fleet_gate`` where stamen is installed.
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     """Serve the gate until Ctrl-C or SIGTERM."""
     import uvicorn
 
-    parser = argparse.ArgumentParser(prog="python -m app.fleet_gate", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m app.local.fleet_gate", description=__doc__.split("\n")[0])
     parser.add_argument("--listen", type=split_address, required=True, metavar="HOST:PORT",
                         help="the LAN address the devices dial (the firewall opens this port only)")  # fmt: skip
     parser.add_argument("--superlink", required=True, metavar="HOST:PORT",

@@ -2,11 +2,11 @@
 
 Run it to try stamen as a deployment before moving to real devices::
 
-    python -m app.deploy --nodes 2                        # insecure, loopback
-    python -m app.deploy --nodes 3 --tls --auth            # TLS + SuperNode authentication
-    python -m app.deploy --nodes 2 --tls --auth --lan-host 127.0.0.2   # the LAN recipe: devices through the Fleet gate
-    python -m app.deploy --nodes 2 --run-config "strategy='fathom' num-server-rounds=5"
-    python -m app.deploy --nodes 2 --serve                 # keep it up; submit with `flwr run . <connection>`
+    python -m app.local.deployment --nodes 2                        # insecure, loopback
+    python -m app.local.deployment --nodes 3 --tls --auth            # TLS + SuperNode authentication
+    python -m app.local.deployment --nodes 2 --tls --auth --lan-host 127.0.0.2  # LAN: devices through the Fleet gate
+    python -m app.local.deployment --nodes 2 --run-config "strategy='fathom' num-server-rounds=5"
+    python -m app.local.deployment --nodes 2 --serve                 # keep it up; submit with `flwr run . <connection>`
 
 Read it as the reference for a deployment of your own: every process is started
 with exactly the command a person would type (see ``commands``), the SuperLink
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.config import ConfigError, parse_settings, run_config_from_text
-from app.launcher import FINISHED_OK, RunOutcome, free_port, run_config_text
+from app.local.simulation import FINISHED_OK, RunOutcome, free_port, run_config_text
 
 CONNECTION = "stamen-local"
 FLOWER_ENV = {
@@ -43,7 +43,7 @@ FLOWER_ENV = {
 }
 PORT_IN_USE = "address already in use"  # what a SuperLink or SuperNode logs when another process took its port
 PORT_TRIES = 3  # starts of one process, each on a fresh port, before the deployment gives up
-PACKAGE = __package__ or "app"  # app in a clone, stamen.app where installed
+PACKAGE = __package__ or "app"  # app.local in a clone, stamen.app.local where installed
 PACKAGE_ROOT = Path(__file__).resolve().parents[len(PACKAGE.split("."))]  # the clone, or site-packages
 TLS_NEEDED = {
     "--auth": "--auth needs --tls: flower-superlink refuses --enable-supernode-auth without TLS certificates",
@@ -87,7 +87,7 @@ def make_certificates(folder: Path, *, host: str = "127.0.0.1", days: int = 30) 
     The SuperLink serves with the server certificate; SuperNodes and the ``flwr``
     CLI verify it against the CA (``--root-certificates`` / ``root-certificates``).
     127.0.0.1 is always named: on a LAN the SuperLink itself listens there, where the
-    operator submits runs and the Fleet gate (``app/fleet_gate.py``) reaches it.
+    operator submits runs and the Fleet gate (``app/local/fleet_gate.py``) reaches it.
     """
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -325,7 +325,7 @@ class LocalDeployment:
     The SuperLink always listens on 127.0.0.1: flwr 1.42 serves its Control API (runs,
     node registration) on the same listener as the Fleet API, without credentials
     (docs/deployment.md#on-a-lan-with-edge-devices). With ``lan_host`` the devices reach the
-    Fleet API through the Fleet gate (``app/fleet_gate.py``) on that address instead.
+    Fleet API through the Fleet gate (``app/local/fleet_gate.py``) on that address instead.
 
     Parameters
     ----------
@@ -705,7 +705,7 @@ def deployment_run_config(text: str, *, results_dir: Path) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     """Start a local deployment, run the app once (or serve until Ctrl-C), stop everything."""
-    parser = argparse.ArgumentParser(prog="python -m app.deploy", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m app.local.deployment", description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=2, help="SuperNodes to start (default 2)")
     parser.add_argument("--node-data", type=Path, nargs="+", metavar="FOLDER",
                         help="each SuperNode's own data folder (one node per folder; overrides --nodes)")  # fmt: skip
@@ -729,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}")
         return 2
-    app_dir = Path(__file__).resolve().parent.parent
+    app_dir = Path(__file__).resolve().parents[2]
     num_nodes = len(args.node_data) if args.node_data else args.nodes
     with LocalDeployment(app_dir=app_dir, num_nodes=num_nodes, tls=args.tls, node_auth=args.auth,
                          workdir=args.workdir, node_data=args.node_data, warm=args.warm,
