@@ -19,7 +19,7 @@ epoch on a GPU; on 2 CPU cores the table runs ``ROUNDS`` rounds of ``local-steps
 at lr 0.05 (ten times PFLlib's 0.005, for a horizon thousands of times shorter), so it
 reads as an early snapshot of the published runs, which the report says.
 
-Runs are driven in-process (``bench/inprocess.py``: stamen's strategy and clients through
+Runs are driven in-process (``app/local/inprocess.py``: stamen's strategy and clients through
 Flower's Strategy API, without the transport), two at a time on one thread each, to fit
 the table in about an hour of 2 cores. Seconds per round come from a separate timing pass
 (``--timing``: one run at a time, two threads, nothing beside it), not from the table's
@@ -184,7 +184,7 @@ def run_config(condition: str, label: str, *, seed: int, rounds: int, threads: i
 
 def one_run(condition: str, label: str, *, seed: int, rounds: int, threads: int) -> dict:
     """A run in this process: per round its seconds, gradient evaluations, bytes and train loss; the final test."""
-    from bench.inprocess import InProcessRun
+    from app.local.inprocess import InProcessRun
 
     started = time.perf_counter()
     run = InProcessRun(run_config=run_config(condition, label, seed=seed, rounds=rounds, threads=threads),
@@ -251,7 +251,7 @@ def run_table(args: argparse.Namespace) -> None:
 
 def timing(args: argparse.Namespace, rounds: int = 4, warmup: int = 1) -> dict:
     """Seconds per round of every row, one run at a time on two threads (seed 0, after ``warmup`` rounds)."""
-    from bench.inprocess import InProcessRun
+    from app.local.inprocess import InProcessRun
 
     out = {}
     for condition in ("pathological", "feature-shift", "perfedavg-variants"):

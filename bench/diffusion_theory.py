@@ -1,7 +1,7 @@
 """Benchmark B3: where asynchronous diffusion converges, and its MSD, against mu (least squares, 20 agents).
 
 The long runs drive the real ``Diffusion`` strategy and ``DiffusionClient`` classes in
-one process through Flower's Strategy API (``bench/inprocess.py``), on the
+one process through Flower's Strategy API (``app/local/inprocess.py``), on the
 ``least-squares`` dataset (agents with different true parameters and input
 distributions, batches of 20 of each agent's 200 rows), q_k spread over [0.3, 1]
 (a seeded shuffle), q_lk = 0.7:
@@ -48,9 +48,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from app.config import parse_settings  # noqa: E402
+from app.local.inprocess import InProcessRun  # noqa: E402
 from app.local.simulation import LocalSimulation  # noqa: E402
 from bench.common import QUICK_RESULTS, RunLog, interval, machine, read_records  # noqa: E402
-from bench.inprocess import InProcessRun  # noqa: E402
 from datasets import load_client_data  # noqa: E402
 from datasets.least_squares import least_squares_optimum  # noqa: E402
 from strategies.topology import Network, build_network, expected_matrix, perron_vector  # noqa: E402

@@ -1,7 +1,7 @@
 """GPU check: Per-FedAvg's local meta-updates on the CPU and on CUDA, side by side in one process.
 
 Two cases, each timed on ``cpu`` and on ``cuda`` with the real strategy and clients
-driven in-process (``bench/inprocess.py``: Flower's Strategy API without the
+driven in-process (``app/local/inprocess.py``: Flower's Strategy API without the
 transport), after ``--warmup`` rounds:
 
 - ``b1-hf``: benchmark B1's Per-FedAvg HF row (tau = 10, alpha = 0.01, batches of 40,
@@ -40,10 +40,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from app.local.inprocess import InProcessRun  # noqa: E402
 from app.local.simulation import LocalSimulation  # noqa: E402
 from app.registry import METHODS  # noqa: E402
 from bench.common import QUICK_RESULTS, SHARED_DATA, machine  # noqa: E402
-from bench.inprocess import InProcessRun  # noqa: E402
 
 USERS = 50
 B1_HF = {

@@ -10,7 +10,7 @@ times that round's median of the same quantity:
 - the norm of every returned array set of kind ``update`` or ``values`` (SCAFFOLD's
   ``delta-control``, FedProto's ``prototypes``).
 
-This script runs honest federations in this process (``bench/inprocess.py``, real
+This script runs honest federations in this process (``app/local/inprocess.py``, real
 stamen strategies and clients, Flower's encoding) with ``max-update-ratio = 0``, so the
 run itself rejects nothing, and wraps every proxy's ``fit`` to measure each reply's three
 quantities itself, from the instruction and the reply as they travel (unpacked by their
@@ -266,7 +266,7 @@ SCENARIOS = {
 
 def one_run(job: Job) -> dict:
     """A run of ``job``'s config with the screen off; each round judged at every ratio."""
-    from bench.inprocess import InProcessRun
+    from app.local.inprocess import InProcessRun
 
     started = time.perf_counter()
     config = {**job.config, "max-update-ratio": 0.0, "num-threads": 1}  # the run rejects nothing; we judge

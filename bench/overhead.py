@@ -141,8 +141,8 @@ def plain_loop(case: str, *, warmup: int, rounds: int) -> dict:
     from flwr.common import parameters_to_ndarrays
 
     from app.config import parse_settings
+    from app.local.inprocess import build_clients
     from app.server_app import build_strategy
-    from bench.inprocess import build_clients
 
     started = time.perf_counter()
     settings = parse_settings(run_config(case, warmup + rounds, "/tmp"))

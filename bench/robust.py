@@ -1,6 +1,6 @@
 """Benchmark B10: FedAvg's aggregations against Byzantine clients (issue 51).
 
-Ten clients, all of them every round, run FedAvg in this process (``bench/inprocess.py``:
+Ten clients, all of them every round, run FedAvg in this process (``app/local/inprocess.py``:
 real stamen clients and strategy, Flower's message encoding byte for byte). One, two or
 three of them are attackers: their reply, the message the server receives, is rewritten
 by one of ``ATTACKS`` after the client has trained honestly (label flipping instead
@@ -251,8 +251,8 @@ def chance_level(settings) -> float:
 
 def one_cell(cell: dict, rounds: int) -> dict:
     """One run; its accuracies, whether it ended non-finite or at chance, and the screen's rejections."""
+    from app.local.inprocess import InProcessRun
     from app.server_app import central_evaluator
-    from bench.inprocess import InProcessRun
 
     started = time.perf_counter()
     config = run_config(cell["dataset"], cell["aggregation"], seed=cell["seed"], rounds=rounds)

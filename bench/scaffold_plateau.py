@@ -47,7 +47,7 @@ RESULTS = REPO / "bench" / "results"
 
 def trajectory(method: str, rounds: int) -> dict:
     """One run's per-round train loss, model move and (SCAFFOLD) control-variate norms."""
-    from bench.inprocess import InProcessRun
+    from app.local.inprocess import InProcessRun
 
     keys = {"lr": LR, "fraction-fit": 1.0}
     config = run_config(DATASET, method, keys, seed=SEED, rounds=rounds, validation=0.0, folder=None)

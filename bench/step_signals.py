@@ -13,7 +13,7 @@ reports the global loss (on the training images of writers 60-104) after the mea
 their updates, the mean local progress ``rho = mean local loss / first step's loss``
 (what the start probe compares) and the spread of ``rho`` over cohorts of 3 writers.
 
-Then the start probe itself, as B2 runs it (in process, ``bench/inprocess.py``): its 3 rounds
+Then the start probe itself, as B2 runs it (in process, ``app/local/inprocess.py``): its 3 rounds
 from lr 0.01, 0.1 and 0.3 for seeds 0-2, every reply's ``rho`` by slot, and the slot that
 the mean (the probe's rule) and the median of ``rho`` would choose.
 
@@ -33,9 +33,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from app.local.inprocess import InProcessRun  # noqa: E402
 from bench.common import SHARED_DATA, machine  # noqa: E402
 from bench.fathom_vs_fedavg import PROBE, Start, run_config  # noqa: E402
-from bench.inprocess import InProcessRun  # noqa: E402
 from clients.models import build_model  # noqa: E402
 from clients.training import axpy, gradient, model_loss, to_tensor  # noqa: E402
 from datasets.leaf import load_femnist  # noqa: E402

@@ -15,7 +15,7 @@ winner on the test split:
 2. **Test**: the best-scoring configuration, with seeds 0, 1 and 2 on the whole training
    data, tested on the test split as B7 tests.
 
-Runs are driven in this process (``bench/inprocess.py``: the same strategy and client code
+Runs are driven in this process (``app/local/inprocess.py``: the same strategy and client code
 and the same iterates as ``flwr run`` for the same seed), one thread each, ``--workers`` side
 by side; each appends to ``bench/results/tuned_table_runs.jsonl`` and is skipped when asked
 for again, so the benchmark can be stopped and resumed. The report
@@ -170,7 +170,7 @@ def run_config(dataset: str, method: str, keys: dict, *, seed: int, rounds: int,
 
 def one_run(config: dict, clients: int, rounds: int) -> dict:
     """A run in this process; its final evaluation, or where it diverged."""
-    from bench.inprocess import InProcessRun
+    from app.local.inprocess import InProcessRun
 
     started = time.perf_counter()
     run = InProcessRun(run_config=config, num_clients=clients)

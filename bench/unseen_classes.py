@@ -129,7 +129,7 @@ def split_accuracy(run) -> dict:
 
 
 def one(job: dict, rounds: int) -> dict:
-    from bench.inprocess import InProcessRun
+    from app.local.inprocess import InProcessRun
 
     config = run_config(DATASET, job["method"], keys_of(job), seed=SEED, rounds=rounds, validation=0.0, folder=None)
     started = time.perf_counter()

@@ -201,7 +201,7 @@ def cifar_subset(tmp_path, *, train_per_class: int, test_per_class: int):
 
 
 def test_real_cifar_jpegs_run_a_round_of_the_pathological_split(tmp_path, monkeypatch):
-    from bench.inprocess import InProcessRun
+    from app.local.inprocess import InProcessRun
 
     monkeypatch.setenv("STAMEN_CACHE_DIR", str(tmp_path / "cache"))
     root = cifar_subset(tmp_path, train_per_class=30, test_per_class=10)

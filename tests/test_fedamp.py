@@ -9,7 +9,7 @@ import pytest
 from conftest import regression_data, settings
 from flwr.common import parameters_to_ndarrays
 
-from bench.inprocess import InProcessRun
+from app.local.inprocess import InProcessRun
 from clients.fedamp import FedAmpClient
 from clients.models import build_model
 from strategies.fedamp_math import attention_row, worst_self_weight

@@ -8,7 +8,7 @@ from conftest import settings
 from flwr.common import parameters_to_ndarrays
 from torch.nn import functional as F
 
-from bench.inprocess import InProcessRun
+from app.local.inprocess import InProcessRun
 from clients.base import PERSONAL_LAYERS
 from clients.fedbn import FedBNClient
 from clients.models import build_model, layout_of

@@ -8,7 +8,7 @@ from conftest import settings
 from flwr.common import parameters_to_ndarrays
 from test_fedrep import BODY, HEAD, blobs, sgd_on
 
-from bench.inprocess import InProcessRun
+from app.local.inprocess import InProcessRun
 from clients.base import PERSONAL_LAYERS
 from clients.fedper import FedPerClient
 from clients.models import build_model

@@ -12,7 +12,7 @@ from test_fedrep import blobs
 from torch.nn import functional as F
 
 from app.config import ConfigError, check_model, parse_settings
-from bench.inprocess import InProcessRun
+from app.local.inprocess import InProcessRun
 from clients.base import PERSONAL_LAYERS
 from clients.fedproto import FedProtoClient
 from clients.models import build_model, layout_of

@@ -10,7 +10,7 @@ from flwr.common import parameters_to_ndarrays
 from torch.nn import functional as F
 
 from app.config import ConfigError, check_model, main, parse_settings
-from bench.inprocess import InProcessRun, build_clients
+from app.local.inprocess import InProcessRun, build_clients
 from clients.base import PERSONAL_LAYERS
 from clients.fedrep import FedRepClient
 from clients.models import build_model

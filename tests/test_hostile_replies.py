@@ -16,8 +16,8 @@ import pytest
 from flwr.common import EvaluateRes, FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 
 from app.config import ConfigError, parse_settings
+from app.local.inprocess import InProcessRun
 from app.registry import CONTRACTS
-from bench.inprocess import InProcessRun
 from strategies.contracts.fedproto import COUNTS
 from strategies.contracts.payload import LAYOUT, pack, unpack
 

@@ -2,7 +2,7 @@
 
 Each test drives the ServerApp's own pieces in this process (``server_function``,
 ``server_components``, the result writer, a strategy's ``resume``), against run folders
-written by a real run (:class:`bench.inprocess.InProcessRun` with stamen's result
+written by a real run (:class:`app.local.inprocess.InProcessRun` with stamen's result
 writer), and ends by comparing the earlier files byte for byte.
 """
 
@@ -22,11 +22,11 @@ import pytest
 from flwr.common import Context, RecordDict
 
 from app.config import ConfigError, parse_settings
+from app.local.inprocess import InProcessRun
 from app.own_parts import OwnParts
 from app.registry import METHODS
 from app.results import ResultWriter, read_metrics, run_directory
 from app.server_app import build_strategy, checkpoint_to_resume, server_components, server_function
-from bench.inprocess import InProcessRun
 from strategies.checkpoint import CheckpointError, load_checkpoint
 
 CLIENTS = 4

@@ -185,7 +185,7 @@ def test_a_throwaway_model_file_runs_a_two_round_simulation(tmp_path):
 @pytest.mark.parametrize("name", [n for n in METHODS if n != "diffusion"])  # diffusion's example is least squares
 def test_every_method_runs_two_in_process_rounds_on_the_batchnorm_cnn(name):
     # BatchNorm's buffers and int64 counters through every method's messages, maths and state (no NaN, no reject)
-    from bench.inprocess import InProcessRun
+    from app.local.inprocess import InProcessRun
 
     config = {**METHODS[name].contract.example, "model": "fedavg-cnn-bn", "fraction-fit": 1.0, "local-steps": 2,
               "batch-size": 4, "adapt-batch-size": 4, "min-available-clients": 4, "perfedavg-outer-batch-size": 4,

@@ -7,7 +7,7 @@ import pytest
 from conftest import regression_data, settings
 from flwr.common import parameters_to_ndarrays
 
-from bench.inprocess import InProcessRun
+from app.local.inprocess import InProcessRun
 from clients.models import build_model
 from clients.pfedme import PERSONAL, PFedMeClient
 

@@ -16,9 +16,9 @@ from conftest import settings
 from flwr.common import parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 
+from app.local.inprocess import InProcessProxy
 from app.registry import METHODS
 from app.server_app import build_strategy
-from bench.inprocess import InProcessProxy
 from clients.models import build_model
 from datasets import load_client_data
 

@@ -299,7 +299,7 @@ def test_a_probe_round_sends_each_slot_its_step_and_the_model_takes_the_middle_s
 @pytest.mark.parametrize("name", [n for n, m in METHODS.items() if m.contract.tunable is not None and n != "fathom"])
 def test_every_method_that_declares_itself_tunable_runs_under_the_tuner(name):
     # a contract's Tunable is a promise: the tuner reads the method's global update and its replies' phi each round
-    from bench.inprocess import InProcessRun
+    from app.local.inprocess import InProcessRun
 
     example = METHODS[name].contract.example
     config = {**example, "tune": "fathom", "fraction-fit": 1.0, "local-steps": 2, "batch-size": 4,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.inprocess import InProcessRun
+from app.local.inprocess import InProcessRun
 from bench.tuned_table import run_config
 from bench.unseen_classes import Predictions, gap_from_unseen, pooled, seen_and_unseen, split_accuracy
 

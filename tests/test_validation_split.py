@@ -8,7 +8,7 @@ from flwr.common import Context, RecordDict
 
 from app.client_app import build_client
 from app.config import ConfigError, parse_settings
-from bench.inprocess import InProcessRun
+from app.local.inprocess import InProcessRun
 from datasets import ClientData, NotEnoughDataError, hold_out_validation, load_client_data
 
 
