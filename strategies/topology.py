@@ -1,166 +1,19 @@
-"""Graphs, combination matrices and their sampled versions for asynchronous diffusion (pure numpy).
+"""A diffusion network from its settings: its files checked, its mean behaviour and the weights of its limit (numpy).
 
-Conventions (ALGORITHMS.md section 3): ``adjacency[l, k]`` is True when agent ``l``
-is a neighbour of agent ``k``; every agent is its own neighbour and graphs are
-undirected. A combination matrix ``A`` is left-stochastic: ``A[l, k]`` is the
-weight agent ``k`` gives to agent ``l``, each column sums to 1, and ``A[l, k] = 0``
-off the graph. Agent ``k``'s new model is ``sum_l A[l, k] psi_l``.
+The graph (:mod:`strategies.graphs`) and the combination matrix and its draws
+(:mod:`strategies.combinations`) follow ALGORITHMS.md section 3: ``A[l, k]`` is the
+weight agent ``k`` gives to agent ``l``, each column sums to 1.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from strategies.contracts.diffusion import COMBINATIONS, GRAPHS, DiffusionSettings, parse_probabilities
-
-STOCHASTIC_TOL = 1e-9
-MAX_GRAPH_DRAWS = 1000
-
-
-# ------------------------------------------------------------------------ graphs
-
-
-def make_graph(
-    kind: str, num_agents: int, *, edge_probability: float = 0.3, seed: int = 0, path: str | Path = ""
-) -> np.ndarray:
-    """The ``(K, K)`` boolean adjacency (self-loops included) of graph ``kind``.
-
-    Parameters
-    ----------
-    kind
-        ``ring``; ``grid`` (a near-square lattice, 4 neighbours inside); ``star``
-        (agent 0 at the centre); ``full``; ``erdos-renyi``; ``file``.
-    num_agents
-        K. A graph file must name agents ``0 .. K-1`` only.
-    edge_probability, seed
-        ``erdos-renyi``: each edge is present with this probability; the graph is
-        drawn from this seed, again and again until it is connected.
-    path
-        ``file``: an edge list, one ``l k`` pair of 0-based agents per line, ``#``
-        comments allowed.
-
-    Raises
-    ------
-    ValueError
-        For an unknown kind, K < 1, an edge list naming an agent outside
-        ``0 .. K-1``, or a graph that is not connected.
-
-    """
-    if kind not in GRAPHS:
-        raise ValueError(f"graph {kind!r} is not one of {list(GRAPHS)}")
-    if num_agents < 1:
-        raise ValueError(f"a graph needs at least one agent, got {num_agents}")
-    k = num_agents
-    adjacency = np.eye(k, dtype=bool)
-    if kind == "ring":
-        for a in range(k):
-            adjacency[a, (a + 1) % k] = adjacency[(a + 1) % k, a] = True
-    elif kind == "grid":
-        cols = int(np.ceil(np.sqrt(k)))
-        for a in range(k):
-            right, down = a + 1, a + cols
-            if right < k and right % cols != 0:
-                adjacency[a, right] = adjacency[right, a] = True
-            if down < k:
-                adjacency[a, down] = adjacency[down, a] = True
-    elif kind == "star":
-        adjacency[0, :] = adjacency[:, 0] = True
-    elif kind == "full":
-        adjacency[:] = True
-    elif kind == "erdos-renyi":
-        if not 0.0 < edge_probability <= 1.0:
-            raise ValueError(f"diffusion-edge-probability must be in (0, 1], got {edge_probability}")
-        rng = np.random.default_rng(seed)
-        for _ in range(MAX_GRAPH_DRAWS):
-            upper = np.triu(rng.random((k, k)) < edge_probability, 1)
-            adjacency = upper | upper.T | np.eye(k, dtype=bool)
-            if is_connected(adjacency):
-                break
-        else:
-            raise ValueError(
-                f"no connected Erdos-Renyi graph on {k} agents in {MAX_GRAPH_DRAWS} draws with "
-                f"diffusion-edge-probability {edge_probability}; raise it"
-            )
-    else:
-        adjacency = read_edge_list(path, k)
-    if not is_connected(adjacency):
-        raise ValueError(f"graph {kind!r} on {k} agents is not connected")
-    return adjacency
-
-
-def read_edge_list(path: str | Path, num_agents: int) -> np.ndarray:
-    """Adjacency from a file of ``l k`` lines (undirected, 0-based); self-loops are added."""
-    return adjacency_of(_edge_pairs(path), num_agents, path=path)
-
-
-def adjacency_of(pairs: list[tuple[int, int]], num_agents: int, *, path: str | Path) -> np.ndarray:
-    """The adjacency (self-loops included) of the edge list ``pairs`` read from ``path``, on K agents."""
-    adjacency = np.eye(num_agents, dtype=bool)
-    for a, b in pairs:
-        if not (a < num_agents and b < num_agents):
-            raise ValueError(
-                f"diffusion-graph-file {path}: agent {max(a, b)} is outside 0..{num_agents - 1} "
-                f"(the federation has {num_agents} partitions)"
-            )
-        adjacency[a, b] = adjacency[b, a] = True
-    return adjacency
-
-
-def is_connected(adjacency: np.ndarray) -> bool:
-    """Whether every agent reaches every other one (breadth-first search from agent 0)."""
-    seen = np.zeros(len(adjacency), dtype=bool)
-    seen[0], frontier = True, [0]
-    while frontier:
-        nxt = np.flatnonzero(adjacency[frontier].any(axis=0) & ~seen)
-        seen[nxt] = True
-        frontier = list(nxt)
-    return bool(seen.all())
-
-
-# ---------------------------------------------------------- combination matrices
-
-
-def combination_matrix(rule: str, adjacency: np.ndarray, *, path: str | Path = "") -> np.ndarray:
-    """The left-stochastic combination matrix of ``rule`` on ``adjacency``, validated.
-
-    ``metropolis``: ``a_lk = 1 / max(n_k, n_l)`` for neighbours ``l != k`` (``n`` =
-    neighbourhood size, self included), ``a_kk`` takes the rest; doubly stochastic.
-    ``uniform``: ``a_lk = 1 / n_k`` for every ``l`` in ``N_k``; left-stochastic only.
-    ``file``: a whitespace-separated ``K x K`` matrix read from ``path``.
-    """
-    if rule not in COMBINATIONS:
-        raise ValueError(f"combination {rule!r} is not one of {list(COMBINATIONS)}")
-    sizes = adjacency.sum(axis=0).astype(np.float64)
-    if rule == "metropolis":
-        matrix = np.where(adjacency, 1.0 / np.maximum.outer(sizes, sizes), 0.0)
-        np.fill_diagonal(matrix, 0.0)
-        np.fill_diagonal(matrix, 1.0 - matrix.sum(axis=0))
-    elif rule == "uniform":
-        matrix = adjacency / sizes[np.newaxis, :]
-    else:
-        matrix = read_matrix(path)
-        if matrix.shape != adjacency.shape:
-            raise ValueError(f"diffusion-combination-file {path} is {matrix.shape}, expected {adjacency.shape} "
-                             f"(the federation has {len(adjacency)} agents)")  # fmt: skip
-    try:
-        check_combination(matrix, adjacency)
-    except ValueError as err:
-        raise ValueError(f"diffusion-combination-file {path}: {err}" if rule == "file" else str(err)) from err
-    return matrix
-
-
-def read_matrix(path: str | Path) -> np.ndarray:
-    """A square matrix of numbers from a whitespace-separated text file; errors name the file."""
-    try:
-        matrix = np.loadtxt(path, dtype=np.float64, ndmin=2)
-    except (OSError, ValueError) as err:
-        raise ValueError(f"diffusion-combination-file {path}: not a matrix of numbers ({err})") from err
-    if matrix.shape[0] != matrix.shape[1]:
-        raise ValueError(f"diffusion-combination-file {path}: {matrix.shape[0]} x {matrix.shape[1]} is not square")
-    return matrix
+from strategies.combinations import combination_matrix, fedavg_combination, read_matrix, sampled_combination
+from strategies.contracts.diffusion import DiffusionSettings, parse_probabilities
+from strategies.graphs import adjacency_of, edge_pairs, make_graph
 
 
 def check_network_files(settings: DiffusionSettings) -> int | None:
@@ -181,7 +34,7 @@ def check_network_files(settings: DiffusionSettings) -> int | None:
     implied: dict[str, int] = {}
     adjacency = None
     if settings.graph == "file" and settings.graph_file:
-        pairs = _edge_pairs(settings.graph_file)
+        pairs = edge_pairs(settings.graph_file)
         implied["diffusion-graph-file"] = max((max(pair) for pair in pairs), default=0) + 1
         adjacency = adjacency_of(pairs, implied["diffusion-graph-file"], path=settings.graph_file)
     if settings.combination == "file" and settings.combination_file:
@@ -196,37 +49,6 @@ def check_network_files(settings: DiffusionSettings) -> int | None:
         shown = ", ".join(f"{name} {count}" for name, count in implied.items())
         raise ValueError(f"the network's files disagree on the number of agents: {shown}")
     return next(iter(implied.values()), None)
-
-
-def _edge_pairs(path: str | Path) -> list[tuple[int, int]]:
-    pairs = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        text = line.split("#", 1)[0].strip()
-        if not text:
-            continue
-        try:
-            a, b = (int(v) for v in text.replace(",", " ").split())
-        except ValueError as err:
-            raise ValueError(
-                f"diffusion-graph-file {path} line {number}: expected two agent numbers, got {line!r}"
-            ) from err
-        if min(a, b) < 0:
-            raise ValueError(f"diffusion-graph-file {path} line {number}: agent {min(a, b)} is negative")
-        pairs.append((a, b))
-    return pairs
-
-
-def check_combination(matrix: np.ndarray, adjacency: np.ndarray) -> None:
-    """Raise ``ValueError`` naming the first column that is negative, off the graph or not summing to 1."""
-    for k in range(matrix.shape[1]):
-        column = matrix[:, k]
-        if np.any(column < 0):
-            raise ValueError(f"combination matrix column {k} has a negative weight (agent {int(np.argmin(column))})")
-        off = np.flatnonzero((column != 0) & ~adjacency[:, k])
-        if off.size:
-            raise ValueError(f"combination matrix column {k} gives weight to agent {off[0]}, not its neighbour")
-        if abs(column.sum() - 1.0) > STOCHASTIC_TOL:
-            raise ValueError(f"combination matrix column {k} sums to {column.sum():.12g}, not 1 (left-stochastic)")
 
 
 # --------------------------------------------------------------- mean behaviour
@@ -296,66 +118,6 @@ def limit_weights(matrix: np.ndarray, participation: np.ndarray, neighbour_q: np
     np.fill_diagonal(kept, 0.0)
     weights = perron_vector(expected) * participation * (1.0 - (1.0 - participation) * kept.sum(axis=0))
     return weights / weights.sum()
-
-
-# ------------------------------------------------------------------- sampling
-
-
-def sampled_combination(
-    matrix: np.ndarray, participating: np.ndarray, neighbour_q: np.ndarray, rng: np.random.Generator
-) -> np.ndarray:
-    """One draw ``A_i`` (seed eq. 9) given who took part this iteration.
-
-    A participating agent ``k`` keeps each neighbour ``l != k`` with probability
-    ``q_lk`` and gives its self-weight the rest; a non-participant's column is
-    ``e_k`` (it keeps its model).
-    """
-    num = len(participating)
-    keep = rng.random((num, num)) < neighbour_q
-    sampled = np.where(keep & participating[np.newaxis, :], matrix, 0.0)
-    np.fill_diagonal(sampled, 0.0)
-    np.fill_diagonal(sampled, 1.0 - sampled.sum(axis=0))
-    return sampled
-
-
-def fedavg_combination(participating: np.ndarray) -> np.ndarray:
-    """Seed eq. 15: participants average all participants; others keep their model.
-
-    With every agent participating it is eq. 14's ``(1/K) 1 1^T`` (FedSGD).
-    """
-    num, count = len(participating), int(participating.sum())
-    matrix = np.eye(num)
-    if count:
-        cols = np.flatnonzero(participating)
-        matrix[:, cols] = 0.0
-        matrix[np.ix_(cols, cols)] = 1.0 / count
-    return matrix
-
-
-def combine(sampled: np.ndarray, psi: np.ndarray) -> np.ndarray:
-    """New models ``w_k = sum_l A_i[l, k] psi_l`` for every agent (rows of ``psi`` are agents).
-
-    Only the non-zero weights are used, so a sparse graph costs ``O(edges x P)``.
-    """
-    out = np.empty_like(psi)
-    for k in range(sampled.shape[1]):
-        rows = np.flatnonzero(sampled[:, k])
-        out[k] = sampled[rows, k] @ psi[rows]
-    return out
-
-
-def disagreement(models: np.ndarray, chunk: int = 8) -> float:
-    """Mean squared distance of the agents' models (rows) to their mean.
-
-    Computed ``chunk`` rows at a time, so the server never holds another copy of
-    all the models for it.
-    """
-    mean = models.mean(axis=0, dtype=np.float64)
-    total = 0.0
-    for start in range(0, len(models), chunk):
-        diff = models[start : start + chunk] - mean
-        total += float(np.einsum("ij,ij->", diff, diff))
-    return total / len(models)
 
 
 # ------------------------------------------------------------------- a network

@@ -13,10 +13,11 @@ from clients.diffusion import DiffusionClient
 from clients.models import build_model
 from datasets import load_client_data
 from datasets.least_squares import least_squares_optimum
+from strategies.combinations import combination_matrix
 from strategies.contracts.diffusion import DiffusionSettings
 from strategies.diffusion import Diffusion
+from strategies.graphs import make_graph
 from strategies.recorder import NullRecorder
-from strategies.topology import combination_matrix, make_graph
 
 K = 4
 DIFFUSION_KEYS = {spec.field for spec in DiffusionSettings.key_specs()}

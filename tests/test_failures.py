@@ -22,12 +22,13 @@ from app.config import ConfigError, check_on_server, ignored_keys, parse_setting
 from clients.base import torch_device
 from datasets import DataUnavailableError
 from datasets.leaf import load_femnist
+from strategies.combinations import combination_matrix
 from strategies.contracts.code import code_identity
 from strategies.fedavg import FedAvg
+from strategies.graphs import make_graph
 from strategies.nodes import ranges
 from strategies.recorder import NullRecorder
 from strategies.server import RoundServer
-from strategies.topology import combination_matrix, make_graph
 
 CUDA = "run config key 'device': 'cuda' was asked for but torch sees no CUDA device"
 

@@ -5,20 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies.topology import (
+from strategies.combinations import (
     check_combination,
     combination_matrix,
     combine,
     disagreement,
-    expected_matrix,
     fedavg_combination,
-    is_connected,
+    sampled_combination,
+)
+from strategies.graphs import is_connected, make_graph
+from strategies.topology import (
+    expected_matrix,
     limit_weights,
-    make_graph,
     neighbour_probabilities,
     objective_weights,
     perron_vector,
-    sampled_combination,
 )
 
 
