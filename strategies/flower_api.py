@@ -23,7 +23,8 @@ from flwr.server.client_proxy import ClientProxy
 
 from strategies.contracts.common import PARTITION_ID
 from strategies.contracts.payload import LAYOUT, MODEL, layout_of, sets_problem
-from strategies.nodes import PreflightError, data_lines
+from strategies.node_data import data_lines
+from strategies.preflight import PreflightError, connected, preflight, wait_for
 from strategies.records import evaluation_summary, fit_summary
 from strategies.reply_screen import Failures
 from strategies.screening import evaluate_reply_problem, is_non_finite
@@ -82,12 +83,12 @@ class FlowerApi:
 
         """
         refuse_plain_server(sys._getframe(1).f_locals.get("self"))
-        self.nodes.wait_for(client_manager, self.settings.run.min_available_clients)
+        wait_for(client_manager, self.settings.run.min_available_clients)
         self.timing["nodes-connected-seconds"] = time.perf_counter() - self.started
         if self.settings.run.preflight:
             try:
-                left_out = self.nodes.preflight(client_manager, self.fit_config(0),
-                                                sample=self.settings.run.preflight_sample, seed=self.settings.run.seed)
+                left_out = preflight(self.nodes, client_manager, self.fit_config(0),
+                                     sample=self.settings.run.preflight_sample, seed=self.settings.run.seed)
             except PreflightError as err:
                 self._log_preflight(err, ERROR, "")
                 self.failure_groups = err.groups
@@ -119,7 +120,7 @@ class FlowerApi:
         self.sent_model = self.global_model
         self.record = {"round": server_round, "strategy": self.name, "_start": time.perf_counter()}
         self.record.update({f"hp-{k}": v for k, v in config.items() if k != "server-round"})
-        nodes = self.nodes.connected(client_manager)
+        nodes = connected(self.nodes, client_manager)
         self.connected_partitions = sorted(nodes)
         chosen = self.sample_fit(server_round, self.connected_partitions)
         self.record.update({"clients-sampled": len(chosen), "fit-partitions": chosen})
@@ -207,7 +208,7 @@ class FlowerApi:
         if not self.is_evaluation_round(server_round):
             return []
         self.evaluate_started = time.perf_counter()
-        nodes = self.nodes.connected(client_manager)
+        nodes = connected(self.nodes, client_manager)
         chosen = self.sample_evaluate(server_round, sorted(nodes))
         self.begin_round(server_round, chosen, "evaluate")
         config = {**self.evaluate_config(), "server-round": server_round}

@@ -11,7 +11,8 @@ from flwr.server.client_manager import SimpleClientManager
 
 from strategies.failures import cause_of, group_by_cause
 from strategies.fedavg import FedAvg
-from strategies.nodes import NO_REPLY, REPLY_S, PreflightError, reply_seconds
+from strategies.grid_transport import NO_REPLY, REPLY_S, reply_seconds
+from strategies.preflight import PreflightError
 
 FLOWER = ("Message contains an Error (reason: <class 'flwr.common.ConfigError'>:<'run config key 'device': cuda is not "
           "available on node {node}'>). It originated during client-side execution of a message.")

@@ -24,9 +24,9 @@ from datasets import DataUnavailableError
 from datasets.leaf import load_femnist
 from strategies.combinations import combination_matrix
 from strategies.contracts.code import code_identity
+from strategies.failures import ranges
 from strategies.fedavg import FedAvg
 from strategies.graphs import make_graph
-from strategies.nodes import ranges
 from strategies.recorder import NullRecorder
 from strategies.server import RoundServer
 

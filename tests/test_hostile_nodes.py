@@ -18,7 +18,9 @@ from flwr.server.client_manager import SimpleClientManager
 
 import strategies.nodes as nodes_module
 from strategies.fedavg import FedAvg
-from strategies.nodes import NodeDirectory, PreflightError, data_lines
+from strategies.node_data import data_lines
+from strategies.nodes import NodeDirectory
+from strategies.preflight import PreflightError, connected, preflight
 
 GOOD = {"num-train": 40, "num-test": 10, "train-classes": "0:25 3:15", "test-classes": "0:4 3:6", "data-dir": "",
         "ray-node": ""}  # fmt: skip
@@ -86,7 +88,7 @@ BAD = [
 @pytest.mark.parametrize(("key", "value"), BAD, ids=[f"{k}={v!r}" for k, v in BAD])
 def test_an_answer_that_does_not_parse_leaves_that_node_out_in_one_line_and_admits_the_others(key, value):
     nodes = NodeDirectory()
-    left_out = nodes.preflight(manager_of(*good_nodes(), AnsweringProxy("9", partition=5, **{key: value})), {})
+    left_out = preflight(nodes, manager_of(*good_nodes(), AnsweringProxy("9", partition=5, **{key: value})), {})
     assert isinstance(left_out, PreflightError)
     [line] = left_out.lines
     assert line.startswith(f"1 of 6 clients (node 9): property {key!r} is "), line
@@ -98,7 +100,7 @@ def test_an_answer_that_does_not_parse_leaves_that_node_out_in_one_line_and_admi
 def test_a_partition_outside_the_declared_partitions_is_refused():
     nodes = NodeDirectory()
     good = [AnsweringProxy(str(cid), num_partitions=4) for cid in range(4)]
-    left_out = nodes.preflight(manager_of(*good, AnsweringProxy("9", partition=7, num_partitions=4)), {})
+    left_out = preflight(nodes, manager_of(*good, AnsweringProxy("9", partition=7, num_partitions=4)), {})
     assert left_out.lines == ["1 of 5 clients (node 9): property 'partition-id' is 7: outside the 4 partitions the "
                               "node declares (num-partitions)"]  # fmt: skip
     assert sorted(nodes.properties) == ["0", "1", "2", "3"]
@@ -112,14 +114,14 @@ def test_the_run_goes_on_with_one_warning_line_naming_the_node_and_the_property(
     naming = [line for line in warnings_of(caplog) if "node 9" in line]
     assert naming == ["preflight: left out: 1 of 6 clients (node 9): property 'num-train' is 'x': not a count (an "
                       "integer of at least 0)"]  # fmt: skip
-    assert sorted(run.nodes.connected(manager)) == [0, 1, 2, 3, 4]
+    assert sorted(connected(run.nodes, manager)) == [0, 1, 2, 3, 4]
     summary = run.summary("completed")
     assert list(summary["nodes-left-out"]) == ["9"] and len(summary["nodes"]) == 5
 
 
 def test_when_every_node_answers_badly_no_node_is_left_and_the_run_stops():
     with pytest.raises(PreflightError, match="no node is left to train"):
-        NodeDirectory().preflight(manager_of(AnsweringProxy("1", num_train="x"), AnsweringProxy("2", num_test=-2)), {})
+        preflight(NodeDirectory(), manager_of(AnsweringProxy("1", num_train="x"), AnsweringProxy("2", num_test=-2)), {})
 
 
 def test_a_sampled_preflight_meeting_a_bad_answer_asks_every_node_and_leaves_the_bad_ones_out():
@@ -127,7 +129,7 @@ def test_a_sampled_preflight_meeting_a_bad_answer_asks_every_node_and_leaves_the
     proxies = [AnsweringProxy(str(cid), num_partitions=4, **({"num_train": "x"} if cid >= 2 else {}))
                for cid in range(4)]  # fmt: skip
     nodes = NodeDirectory()
-    left_out = nodes.preflight(manager_of(*proxies), {}, sample=3)
+    left_out = preflight(nodes, manager_of(*proxies), {}, sample=3)
     assert left_out.lines == ["2 of 4 clients (node 2, node 3): property 'num-train' is 'x': not a count (an "
                               "integer of at least 0)"]  # fmt: skip
     assert not nodes.sampled and sorted(nodes.properties) == ["0", "1"]
@@ -146,7 +148,7 @@ def test_two_claims_of_one_partition_refuse_both_in_one_line_naming_both(caplog)
                       "server cannot tell which holds it, so none of them takes part (give each node its own "
                       "partition-id)"]  # fmt: skip
     assert set(run.nodes.excluded) == {"7", "8"}
-    assert sorted(run.nodes.connected(manager)) == [0, 1, 2]
+    assert sorted(connected(run.nodes, manager)) == [0, 1, 2]
 
 
 def test_without_a_preflight_two_new_claims_of_one_partition_are_refused_in_one_line(caplog):
@@ -154,7 +156,7 @@ def test_without_a_preflight_two_new_claims_of_one_partition_are_refused_in_one_
     manager = manager_of(*good_nodes(2), AnsweringProxy("15", partition=1), AnsweringProxy("16", partition=4),
                          AnsweringProxy("17", partition=4))  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        served = nodes.connected(manager)
+        served = connected(nodes, manager)
     assert warnings_of(caplog) == [
         f"left out of the run: 2 of 5 clients (node {a}, node {b}): partition {p} is claimed by 2 nodes; the server "
         "cannot tell which holds it, so none of them takes part (give each node its own partition-id)"
@@ -167,15 +169,15 @@ def test_without_a_preflight_two_new_claims_of_one_partition_are_refused_in_one_
 def test_a_late_claim_of_a_served_partition_waits_until_the_node_serving_it_has_gone(caplog):
     nodes = NodeDirectory()
     first = good_nodes(3)
-    nodes.preflight(manager_of(*first), {})
+    preflight(nodes, manager_of(*first), {})
     late = AnsweringProxy("44", partition=1)  # e.g. node 1's device restarted under a new node id
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        served = nodes.connected(manager_of(*first, late))
+        served = connected(nodes, manager_of(*first, late))
     assert {k: v.cid for k, v in served.items()} == {0: "0", 1: "1", 2: "2"}  # the node checked alone keeps it
     assert warnings_of(caplog) == ["node 44 is not admitted this round: partition 1 is served by node 1; this node is "
                                    "asked again later"]  # fmt: skip
     assert "44" not in nodes.properties and "44" not in nodes.excluded
-    served = nodes.connected(manager_of(first[0], first[2], late))  # node 1 has gone
+    served = connected(nodes, manager_of(first[0], first[2], late))  # node 1 has gone
     assert {k: v.cid for k, v in served.items()} == {0: "0", 1: "44", 2: "2"}
 
 
@@ -188,16 +190,16 @@ def devices(*pairs: tuple[str, str]) -> list[AnsweringProxy]:
 
 def test_devices_without_a_partition_are_numbered_by_node_id_not_by_the_folders_they_name():
     nodes = NodeDirectory()
-    nodes.preflight(manager_of(*devices(("30", "/data/a"), ("20", "/data/z"), ("100", "/data/m"))), {})
+    preflight(nodes, manager_of(*devices(("30", "/data/a"), ("20", "/data/z"), ("100", "/data/m"))), {})
     assert {cid: nodes.partition_of(cid) for cid in ("20", "30", "100")} == {"20": 0, "30": 1, "100": 2}
     renamed = NodeDirectory()  # a device renaming its folder to sort first gains nothing
-    renamed.preflight(manager_of(*devices(("30", "/data/z"), ("20", "/data/zz"), ("100", "/data/0"))), {})
+    preflight(renamed, manager_of(*devices(("30", "/data/z"), ("20", "/data/zz"), ("100", "/data/0"))), {})
     assert {cid: renamed.partition_of(cid) for cid in ("20", "30", "100")} == {"20": 0, "30": 1, "100": 2}
 
 
 def test_devices_are_numbered_after_the_partitions_claimed():
     nodes = NodeDirectory()
-    nodes.preflight(manager_of(AnsweringProxy("5", partition=1), *devices(("9", "/data/a"), ("8", "/data/b"))), {})
+    preflight(nodes, manager_of(AnsweringProxy("5", partition=1), *devices(("9", "/data/a"), ("8", "/data/b"))), {})
     assert {cid: nodes.partition_of(cid) for cid in ("5", "8", "9")} == {"5": 1, "8": 2, "9": 3}
 
 
@@ -210,7 +212,7 @@ def no_control_characters(text: str) -> bool:
 
 def test_a_labels_device_strings_are_escaped_and_cut():
     nodes = NodeDirectory()
-    nodes.preflight(manager_of(*devices(("3", "/data/x" + FORGED), ("4", "/data/" + "y" * 500))), {})
+    preflight(nodes, manager_of(*devices(("3", "/data/x" + FORGED), ("4", "/data/" + "y" * 500))), {})
     forged, long = nodes.label("3"), nodes.label("4")
     assert no_control_characters(forged) and no_control_characters(long)
     assert forged.startswith("partition 0 (node 3, data-dir /data/x\\n2031-01-01 INFO preflight: all is well\\x1b")
@@ -224,7 +226,7 @@ def test_a_refused_nodes_strings_are_escaped_in_the_preflight_lines():
     faulty = AnsweringProxy("6", partition=-1, data_dir="/data/d" + FORGED, preflight_error="bad" + FORGED,
                             preflight_scope="node")  # fmt: skip
     bad_value = AnsweringProxy("7", partition="abc" + FORGED)
-    left_out = NodeDirectory().preflight(manager_of(*good_nodes(2), faulty, bad_value), {})
+    left_out = preflight(NodeDirectory(), manager_of(*good_nodes(2), faulty, bad_value), {})
     assert len(left_out.lines) == 2 and all(no_control_characters(line) for line in left_out.lines)
     assert any(line.startswith("1 of 4 clients (data-dir /data/d\\n2031") for line in left_out.lines)
     assert any("(node 7): property 'partition-id' is 'abc\\n2031" in line for line in left_out.lines)
@@ -232,7 +234,7 @@ def test_a_refused_nodes_strings_are_escaped_in_the_preflight_lines():
 
 def test_a_ray_node_id_is_escaped_for_the_log_line():
     nodes = NodeDirectory()
-    nodes.preflight(manager_of(AnsweringProxy("1", ray_node="abc" + FORGED)), {})
+    preflight(nodes, manager_of(AnsweringProxy("1", ray_node="abc" + FORGED)), {})
     [ray_node] = nodes.ray_nodes()
     assert no_control_characters(ray_node) and ray_node.startswith("abc\\n2031")
 
@@ -242,7 +244,7 @@ def test_a_ray_node_id_is_escaped_for_the_log_line():
 
 def test_declared_gives_the_checked_counts_with_class_indices_as_ints():
     nodes = NodeDirectory()
-    nodes.preflight(manager_of(*good_nodes(2), AnsweringProxy("5", num_test=DROP, test_classes=DROP)), {})
+    preflight(nodes, manager_of(*good_nodes(2), AnsweringProxy("5", num_test=DROP, test_classes=DROP)), {})
     declared = nodes.declared("1")
     assert dataclasses.is_dataclass(declared) and type(declared) is nodes_module.Declared
     assert (declared.num_train, declared.num_test, declared.train_classes) == (40, 10, {0: 25, 3: 15})
@@ -258,7 +260,7 @@ def test_declared_gives_the_checked_counts_with_class_indices_as_ints():
 
 def test_a_node_without_class_counts_declares_none_and_a_device_keeps_its_counts_when_numbered():
     nodes = NodeDirectory()
-    nodes.preflight(manager_of(AnsweringProxy("2", train_classes=DROP), *devices(("8", "/data/a"))), {})
+    preflight(nodes, manager_of(AnsweringProxy("2", train_classes=DROP), *devices(("8", "/data/a"))), {})
     assert nodes.declared("2").train_classes is None and nodes.declared("2").num_train == 40
     assert nodes.partition_of("8") == 3 and nodes.declared("8").train_classes == {0: 25, 3: 15}
 
@@ -267,7 +269,7 @@ def test_after_a_sampled_preflight_no_node_declares_anything():
     # each node serves the partition the server numbers it with, not the one it answered about
     proxies = [AnsweringProxy(str(cid), num_partitions=4) for cid in range(4)]
     nodes = NodeDirectory()
-    assert nodes.preflight(manager_of(*proxies), {}, sample=2) is None and len(nodes.sampled) == 2
+    assert preflight(nodes, manager_of(*proxies), {}, sample=2) is None and len(nodes.sampled) == 2
     assert {cid: nodes.declared(cid) for cid in "0123"} == {cid: nodes_module.Declared() for cid in "0123"}
 
 

@@ -21,7 +21,9 @@ from app.config import ConfigError
 from datasets import LocalDataError, load_client_data, load_node_data
 from datasets.embedded import load_mnist_5k
 from datasets.tools.device_folders import CLASSES, DIGITS, INPUT_SHAPE, make_device_folders
-from strategies.nodes import NodeDirectory, PreflightError, data_lines
+from strategies.node_data import data_lines
+from strategies.nodes import NodeDirectory
+from strategies.preflight import PreflightError, connected, preflight
 
 RUN = {"dataset": "imagefolder", "classes": CLASSES, "input-shape": INPUT_SHAPE, "strategy": "perfedavg",
        "device": "cpu", "model": "mlp"}  # fmt: skip
@@ -208,13 +210,13 @@ def test_the_preflight_numbers_devices_leaves_out_a_bad_one_and_reports_every_no
     for cid, folder in (("77", devices[2]), ("12", devices[0]), ("50", bad), ("31", devices[1])):
         manager.register(ClientProxyOf(cid, node_client(folder)))
     nodes = NodeDirectory()
-    left_out = nodes.preflight(manager, {"batch-size": 10})
+    left_out = preflight(nodes, manager, {"batch-size": 10})
     assert isinstance(left_out, PreflightError)
     assert left_out.lines == [f"1 of 4 clients (data-dir {bad}): class folder {bad.resolve()}/train/ten is not "
                               f"among the run config's classes {list(DIGITS)} (key 'classes'); rename or remove it"]
     assert nodes.excluded == {"50": left_out.lines[0].split(": ", 1)[1]}
     assert {cid: nodes.partition_of(cid) for cid in ("12", "31", "77")} == {"12": 0, "31": 1, "77": 2}
-    assert set(nodes.connected(manager)) == {0, 1, 2}  # the bad node stays out
+    assert set(connected(nodes, manager)) == {0, 1, 2}  # the bad node stays out
     report = nodes.data_report(tuple(DIGITS))
     assert [entry["data-dir"] for entry in report] == [str(d) for d in devices]
     assert report[2]["train-classes"] == {d: 4 for d in DIGITS if d not in ("seven", "nine")}
@@ -227,7 +229,7 @@ def test_a_fault_of_the_run_still_stops_the_preflight(devices):
     manager.register(ClientProxyOf("1", node_client(devices[0])))
     manager.register(ClientProxyOf("2", node_client(devices[1], {"dataset": "mnist-5k"})))
     with pytest.raises(PreflightError, match=r"1 of 2 clients \(data-dir .*device-1\): a node's own data-dir needs"):
-        NodeDirectory().preflight(manager, {})
+        preflight(NodeDirectory(), manager, {})
 
 
 def test_no_node_left_stops_the_preflight(tmp_path, devices):
@@ -235,7 +237,7 @@ def test_no_node_left_stops_the_preflight(tmp_path, devices):
     manager = SimpleClientManager()
     manager.register(ClientProxyOf("1", node_client(bad)))
     with pytest.raises(PreflightError, match="no node is left to train"):
-        NodeDirectory().preflight(manager, {})
+        preflight(NodeDirectory(), manager, {})
 
 
 def test_properties_reply_is_ok(devices):

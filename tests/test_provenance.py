@@ -29,7 +29,8 @@ from clients.fedavg import FedAvgClient
 from clients.models import build_model
 from datasets import load_client_data
 from strategies.contracts.code import CODE_FILES, code_fingerprint, code_identity, code_mismatch, folder_fingerprint
-from strategies.nodes import MixedCodeError, NodeDirectory, PreflightError
+from strategies.nodes import NodeDirectory
+from strategies.preflight import MixedCodeError, PreflightError, connected, preflight
 
 PACKAGES = ("app", "clients", "strategies", "datasets")
 ELSEWHERE = {"code-fingerprint": "f" * 64, "code-location": "/elsewhere/stamen"}
@@ -109,21 +110,21 @@ def manager_of(*proxies: FakeProxy) -> SimpleClientManager:
 def test_a_simulated_node_running_other_code_stops_the_run_naming_both_locations():
     manager = manager_of(ReportingProxy("0"), ReportingProxy("1", code=ELSEWHERE), ReportingProxy("2"))
     with pytest.raises(PreflightError) as raised:
-        NodeDirectory().preflight(manager, {})
+        preflight(NodeDirectory(), manager, {})
     [line] = raised.value.lines
     assert line.startswith("1 of 3 clients (partition 1): the node runs stamen code from /elsewhere/stamen")
     assert f"but the server runs {REPO} (fingerprint {code_fingerprint()[:12]})" in line
     assert "docs/troubleshooting.md#two-checkouts" in line
     old = manager_of(ReportingProxy("0", code={}))
     with pytest.raises(PreflightError, match="runs stamen code older than the server's"):
-        NodeDirectory().preflight(old, {})
+        preflight(NodeDirectory(), old, {})
 
 
 def test_a_device_running_other_code_is_left_out_and_the_run_goes_on():
     devices = [ReportingProxy(cid, ray_node="") for cid in ("0", "1")]  # deployed, serving partitions
     stale = ReportingProxy("9", code=ELSEWHERE, data_dir="/data/device-9", ray_node="")
     nodes = NodeDirectory()
-    left_out = nodes.preflight(manager_of(*devices, stale), {})
+    left_out = preflight(nodes, manager_of(*devices, stale), {})
     assert isinstance(left_out, PreflightError) and "/elsewhere/stamen" in left_out.lines[0]
     assert "restart its SuperNode" in left_out.lines[0]
     assert set(nodes.excluded) == {"9"} and set(nodes.properties) == {"0", "1"}
@@ -131,11 +132,11 @@ def test_a_device_running_other_code_is_left_out_and_the_run_goes_on():
 
 def test_without_a_preflight_round_1_finds_mixed_code_and_stops_before_any_training():
     nodes = NodeDirectory()
-    assert set(nodes.connected(manager_of(ReportingProxy("0"), ReportingProxy("1")))) == {0, 1}
+    assert set(connected(nodes, manager_of(ReportingProxy("0"), ReportingProxy("1")))) == {0, 1}
     with pytest.raises(MixedCodeError, match="^stamen: before round 1: 1 of 1 clients .*/elsewhere/stamen"):
-        nodes.connected(manager_of(ReportingProxy("0"), ReportingProxy("1"), ReportingProxy("2", code=ELSEWHERE)))
+        connected(nodes, manager_of(ReportingProxy("0"), ReportingProxy("1"), ReportingProxy("2", code=ELSEWHERE)))
     device = ReportingProxy("7", code=ELSEWHERE, ray_node="")  # a deployed node: only it is stale
-    assert set(nodes.connected(manager_of(ReportingProxy("0"), device))) == {0}
+    assert set(connected(nodes, manager_of(ReportingProxy("0"), device))) == {0}
     assert "7" in nodes.excluded
 
 

@@ -328,7 +328,7 @@ def test_the_preflight_asks_every_node_behind_a_grid_in_one_push_and_reads_failu
     from flwr.server.compat.grid_client_proxy import GridClientProxy
     from flwr.supercore.task_identity import TaskIdentity
 
-    from strategies.nodes import _ask
+    from strategies.grid_transport import ask_properties as _ask
 
     monkeypatch.setattr(TaskIdentity, "_run_id", 1)  # what a ServerApp process has
     monkeypatch.setattr(TaskIdentity, "_node_id", 0)

@@ -1,0 +1,310 @@
+"""The preflight: every node asked once for its properties before round 1, and the run stopped if it cannot work.
+
+Each node is asked for its properties once (over the grid, ``grid_transport.py``), with
+the first round's fit config, so it also checks that config against its data; the
+answers are kept in the run's :class:`strategies.nodes.NodeDirectory`. A node that
+connects later is asked when it is first needed (:func:`connected`). A node whose own
+data is at fault (scope ``node``) is left out of the run with its reason logged, and so
+is a deployed device running other stamen code; any other fault stops the run
+(:class:`PreflightError`, one line per cause: ``failures.py`` groups them).
+"""
+
+from __future__ import annotations
+
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.common import Scalar
+from flwr.common.logger import log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+
+from strategies.contracts.code import CODE_FINGERPRINT, CODE_LOCATION, code_mismatch
+from strategies.contracts.common import (
+    DATA_DIR,
+    NUM_PARTITIONS,
+    PARTITION_ID,
+    PREFLIGHT_DETAIL,
+    PREFLIGHT_ERROR,
+    PREFLIGHT_SCOPE,
+    RAY_NODE,
+)
+from strategies.failures import group_by_cause, problem_of, scope_of
+from strategies.grid_transport import NO_REPLY, ask_properties, reply_seconds
+from strategies.node_text import escaped
+from strategies.nodes import Declared, NodeDirectory, PropertyError, checked, is_int, screened
+
+WAIT_S = 600  # how long to wait for nodes to connect
+REPLY_KEY = "preflight-timeout"
+STALE = "stale code"  # the preflight detail of a node refused for running other stamen code
+RUN_HINT = (
+    ": a run must not mix two versions of stamen. With `flwr run .` this means a local SuperLink started in another "
+    "folder serves this run and its clients import that folder's code; stop that SuperLink or give this run its own "
+    "(docs/troubleshooting.md#two-checkouts has the commands)"
+)
+DEVICE_HINT = ": this device is left out; restart its SuperNode so that it runs the app of this run"
+
+
+def wait_for(client_manager: ClientManager, count: int) -> None:
+    """Wait (up to ``WAIT_S``) until ``count`` nodes are connected; go on with fewer, with a warning."""
+    if not client_manager.wait_for(count, timeout=WAIT_S):
+        log(WARNING, "only %d of the %d nodes asked for connected within %d s; going on with them",
+            client_manager.num_available(), count, WAIT_S)  # fmt: skip
+
+
+def preflight(
+    nodes: NodeDirectory, client_manager: ClientManager, config: dict[str, Scalar], *, sample: int = 0, seed: int = 0
+) -> PreflightError | None:
+    """Ask every connected node for its properties with ``config``, kept in ``nodes``; stop the run if any cannot start.
+
+    Every node shares the run config, so one that cannot start (too many clients
+    for the data, a missing ``data-dir``, a batch larger than its data under
+    ``strict-batches``, no GPU) means the run cannot work as asked: it stops now
+    with the nodes' reasons, one line per distinct cause, instead of recording
+    every round as failed. A node whose own data is at fault is left out instead,
+    and so is one whose answer does not parse or claims a partition another node
+    claims too (:func:`strategies.nodes.screened`).
+
+    Returns
+    -------
+    PreflightError or None
+        The nodes left out for faults in their own data or answers, if any (the run goes on).
+
+    Raises
+    ------
+    PreflightError
+        With those lines and every node's full report, when a fault is the run's
+        or no node is left.
+
+    """
+    proxies = list(client_manager.all().values())
+    if 0 < sample < len(proxies) and _sampled_preflight(nodes, proxies, config, sample, seed):
+        return None
+    answers = _ask(nodes, proxies, config)
+    answers, kept = screened(proxies, answers)
+    problems = [(p, a) for p, a in zip(proxies, answers, strict=True) if problem_of(a) is not None]
+    own_data = [(p, a) for p, a in problems if scope_of(a) == "node"]
+    if len(problems) > len(own_data) or (own_data and len(own_data) == len(proxies)):
+        groups = failure_groups(problems, len(proxies))
+        lines = condensed(groups)
+        if problems == own_data:
+            lines.append("no node is left to train")
+        raise PreflightError(lines, details(problems), groups)
+    nodes.excluded.update({p.cid: problem_of(a) or "" for p, a in own_data})
+    nodes.keep([(p, kept[p.cid]) for p in proxies if p.cid in kept])
+    log(INFO, "preflight: %d of %d connected clients accept the config", len(proxies) - len(own_data),
+        len(proxies))  # fmt: skip
+    warn_of_batch(config, [checked.declared.num_train for checked in kept.values()])
+    return preflight_error(own_data, len(proxies)) if own_data else None
+
+
+def _sampled_preflight(
+    nodes: NodeDirectory, proxies: list[ClientProxy], config: dict[str, Scalar], sample: int, seed: int
+) -> bool:
+    """Ask ``sample`` nodes (seeded); if they are simulated slices of one dataset, number every node and say so.
+
+    A node that holds a partition of the run's dataset (no ``data-dir``, ``num-partitions``
+    equal to the nodes connected) can serve any partition: the server numbers the
+    nodes 0 to N-1 in node-id order without asking them, and each loads the partition
+    it is sent (:meth:`clients.base.TorchClient.take_partition`); the clients' batches
+    follow the partition, so the run is the one a full preflight gives. Otherwise
+    (devices with their own data, or an answer that does not parse) every node must
+    be asked: returns False.
+
+    Raises
+    ------
+    PreflightError
+        When a sampled node cannot start (the run's config is at fault).
+
+    """
+    ordered = sorted(proxies, key=lambda proxy: proxy.cid)
+    chosen = np.random.default_rng([seed, 7]).choice(len(ordered), size=sample, replace=False)
+    asked = [ordered[i] for i in sorted(chosen)]
+    answers = _ask(nodes, asked, config)
+    problems = [(p, a) for p, a in zip(asked, answers, strict=True) if problem_of(a) is not None]
+    if problems:
+        raise preflight_error(problems, len(asked))
+    try:
+        sample_answers = [checked(a) for a in answers if isinstance(a, dict)]
+    except PropertyError as err:  # the full preflight leaves that node out, with the line that names it
+        log(INFO, "preflight: a node asked sent an answer that does not parse (%s); asking every node", err)
+        return False
+    if any(c.properties.get(DATA_DIR) or c.properties[NUM_PARTITIONS] != len(ordered) for c in sample_answers):
+        log(INFO, "preflight: the nodes asked hold their own data or another number of partitions than the %d "
+            "connected; asking every node", len(ordered))  # fmt: skip
+        return False
+    nodes.sampled = sample_answers
+    warn_of_batch(config, [c.declared.num_train for c in sample_answers], sampled=True)
+    for number, proxy in enumerate(ordered):
+        nodes.properties[proxy.cid] = {PARTITION_ID: number, NUM_PARTITIONS: len(ordered)}
+        nodes.declarations[proxy.cid] = Declared()  # its answer, if asked, was about another partition
+    log(INFO, "preflight: %d of %d connected clients asked (preflight-sample), all accept the config; the server "
+        "numbers the nodes 0-%d and each serves the partition it is sent", sample, len(ordered),
+        len(ordered) - 1)  # fmt: skip
+    return True
+
+
+def _ask(
+    nodes: NodeDirectory, proxies: list[ClientProxy], config: dict[str, Scalar]
+) -> list[dict[str, Scalar] | Exception]:
+    """The answers of ``proxies`` to ``config`` (:func:`strategies.grid_transport.ask_properties`), code screened."""
+    asked = ask_properties(proxies, config, reply_seconds(nodes.reply_s, len(proxies)))
+    return [screen_code(answer, nodes.code) for answer in asked]
+
+
+def screen_code(answer: dict[str, Scalar] | Exception, code: dict[str, str]) -> dict[str, Scalar] | Exception:
+    """``answer``, or a problem answer when the node runs other stamen code than the server (``code``).
+
+    A deployed node (one not simulated on Ray) that runs other code is left out
+    (scope ``node``): only that device is stale. A simulated node means that the run
+    itself mixes code (scope ``run``: it stops).
+    """
+    if isinstance(answer, Exception):
+        return answer
+    mismatch = code_mismatch(answer, fingerprint=code[CODE_FINGERPRINT], location=code[CODE_LOCATION])
+    if mismatch is None:
+        return answer
+    device = not answer.get(RAY_NODE)
+    return {**answer, PREFLIGHT_ERROR: mismatch + (DEVICE_HINT if device else RUN_HINT),
+            PREFLIGHT_SCOPE: "node" if device else "run", PREFLIGHT_DETAIL: STALE}  # fmt: skip
+
+
+def connected(nodes: NodeDirectory, client_manager: ClientManager) -> dict[int, ClientProxy]:
+    """Partition -> a connected node serving it; a node not seen before is asked its partition first.
+
+    A node that cannot answer is left out (and asked again next time); one whose
+    own data or answer is at fault, or that claims a partition another new node
+    claims too, is left out for the run (one line per cause, naming the nodes).
+    A new node claiming the partition of a connected node admitted before waits:
+    it is asked again next time (a device restarted under a new node id gets in
+    once its old id has gone).
+    """
+    proxies = _not_excluded(nodes, client_manager)
+    if not proxies:
+        log(WARNING, "no node is connected; waiting up to %d s for one", WAIT_S)
+        client_manager.wait_for(1, timeout=WAIT_S)
+        proxies = _not_excluded(nodes, client_manager)
+    new = [proxy for cid, proxy in proxies.items() if cid not in nodes.properties]
+    answers = _ask(nodes, new, {})
+    stale = [(p, a) for p, a in zip(new, answers, strict=True) if is_stale_run(a)]
+    if stale:  # without a preflight, round 1 is where a run that mixes two stamens is found: it stops here
+        raise preflight_error(stale, len(new), MixedCodeError)
+    held = {nodes.partition_of(cid): cid for cid in proxies if cid in nodes.properties}
+    answers, kept = screened(new, answers, held=held)
+    refused = []
+    for proxy, answer in zip(new, answers, strict=True):
+        problem = problem_of(answer)
+        if problem is not None and scope_of(answer) == "node":
+            nodes.excluded[proxy.cid] = problem
+            refused.append((proxy, answer))
+        elif problem is not None:
+            log(WARNING, "node %s is not admitted this round: %s", escaped(proxy.cid), problem)
+    for line in condensed(failure_groups(refused, len(new))):
+        log(WARNING, "left out of the run: %s", line)
+    nodes.keep([(proxy, kept[proxy.cid]) for proxy in new if proxy.cid in kept])
+    by_partition: dict[int, ClientProxy] = {}
+    for cid, proxy in sorted(proxies.items()):
+        if cid in nodes.properties:
+            by_partition.setdefault(nodes.partition_of(cid), proxy)
+    return by_partition
+
+
+def _not_excluded(nodes: NodeDirectory, client_manager: ClientManager) -> dict[str, ClientProxy]:
+    return {cid: proxy for cid, proxy in client_manager.all().items() if cid not in nodes.excluded}
+
+
+class PreflightError(RuntimeError):
+    """Some nodes cannot start: ``lines`` has one line per distinct cause, ``detail`` every node's full report.
+
+    ``groups`` holds the causes as data (:func:`failure_groups`), for ``summary.json``.
+    """
+
+    def __init__(self, lines: list[str], detail: str, groups: list[dict] | None = None) -> None:
+        super().__init__("stamen preflight: " + "; ".join(lines))
+        self.lines = lines
+        self.detail = detail
+        self.groups = groups or []
+
+
+class MixedCodeError(PreflightError):
+    """Round 1 of a run without a preflight found simulated clients running other stamen code than the server."""
+
+    def __str__(self) -> str:
+        return "stamen: before round 1: " + "; ".join(self.lines)
+
+
+def is_stale_run(answer: dict[str, Scalar] | Exception) -> bool:
+    """Whether ``answer`` is :func:`screen_code`'s refusal of a run that mixes two stamens."""
+    return isinstance(answer, dict) and answer.get(PREFLIGHT_DETAIL) == STALE and answer.get(PREFLIGHT_SCOPE) == "run"
+
+
+def _who(proxy: ClientProxy, answer: dict[str, Scalar] | Exception) -> int | str:
+    """A node's partition when it names one, else its data-dir, else its (random) node id; strings escaped.
+
+    A problem answer is not checked (:func:`checked`): a ``partition-id`` that is not a
+    non-negative int is passed over.
+    """
+    partition = -1 if isinstance(answer, Exception) else answer.get(PARTITION_ID, -1)
+    if is_int(partition) and partition >= 0:
+        return partition
+    if isinstance(answer, dict) and answer.get(DATA_DIR):
+        return f"data-dir {escaped(answer[DATA_DIR])}"
+    return f"node {escaped(proxy.cid)}"
+
+
+def failure_groups(problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]], asked: int) -> list[dict]:
+    """The problems grouped by cause, most common first: ``cause``, ``count``, ``asked``, the first few ``clients``.
+
+    The groups are those of every failure (:func:`strategies.failures.group_by_cause`, node
+    ids taken out of the causes), with the server's advice on a cause it names itself.
+    """
+    groups = group_by_cause((_who(proxy, answer), problem_of(answer) or "") for proxy, answer in problems)
+    return [{"cause": g["cause"] + _advice(g["cause"], g["count"], asked), "count": g["count"], "asked": asked,
+             "clients": g["clients"]} for g in groups]  # fmt: skip
+
+
+def _advice(cause: str, silent: int, asked: int) -> str:
+    """What to do about a cause the server itself names (no reply within the wait)."""
+    if not cause.startswith(NO_REPLY):
+        return ""
+    return (f" ({asked - silent} of {asked} answered; run config key {REPLY_KEY!r} sets the wait: raise it on a "
+            "loaded machine or a large federation, where each node's first message imports torch and loads its data)")
+
+
+def preflight_error(
+    problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]], asked: int,
+    kind: type[PreflightError] | None = None,
+) -> PreflightError:
+    """The error (``kind``, default :class:`PreflightError`) for ``problems``: its lines, every report, its groups."""
+    groups = failure_groups(problems, asked)
+    return (kind or PreflightError)(condensed(groups), details(problems), groups)
+
+
+def condensed(groups: list[dict]) -> list[str]:
+    """One line per group (:func:`failure_groups`): how many clients of those asked, which ones, and the cause."""
+    return [f"{g['count']} of {g['asked']} clients ({', '.join(g['clients'])}): {g['cause']}" for g in groups]
+
+
+def details(problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]]) -> str:
+    """Every failing node's full report (its traceback), for a log file."""
+    parts = []
+    for proxy, answer in problems:
+        who = _who(proxy, answer)
+        label = f"partition {who} (node {proxy.cid})" if isinstance(who, int) else str(who)
+        body = str(answer) if isinstance(answer, Exception) else str(answer.get(PREFLIGHT_DETAIL, ""))
+        parts.append(f"===== {label}: {problem_of(answer)}\n{body.rstrip()}\n")
+    return "\n".join(parts)
+
+
+def warn_of_batch(config: dict[str, Scalar], sizes: list[int | None], *, sampled: bool = False) -> None:
+    """Warn when ``batch-size`` exceeds the training set (``sizes``: num-train) of every admitted client.
+
+    Such a run works (a local step uses a client's whole set), but not as its batch size
+    says; with a sampled preflight only the sample's sets are known.
+    """
+    largest = max((size for size in sizes if size is not None), default=0)
+    batch = config.get("batch-size")
+    if isinstance(batch, int | float) and largest and batch > largest:
+        whose = f"the {len(sizes)} clients asked" if sampled else "every client"
+        log(WARNING, "run config key 'batch-size': %s exceeds the training set of %s (the largest holds %d "
+            "examples); every local step uses a client's whole set", batch, whose, largest)  # fmt: skip
