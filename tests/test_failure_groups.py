@@ -11,7 +11,7 @@ from flwr.server.client_manager import SimpleClientManager
 
 from strategies.failures import cause_of, group_by_cause
 from strategies.fedavg import FedAvg
-from strategies.grid_transport import NO_REPLY, REPLY_S, reply_seconds
+from strategies.grid_transport import NO_REPLY, REPLY_S, ask_properties, reply_seconds
 from strategies.preflight import PreflightError
 
 FLOWER = ("Message contains an Error (reason: <class 'flwr.common.ConfigError'>:<'run config key 'device': cuda is not "
@@ -91,3 +91,34 @@ def test_fit_failures_of_many_clients_log_one_line_per_cause(caplog):
                      "memory", "round 1: fit failed on 2 client(s) (?, ?): TimeoutError: timed out"]  # fmt: skip
     assert [g["count"] for g in strategy.record["fit-failure-groups"]] == [40, 2]
     assert len(strategy.record["fit-failures"]) == 42
+
+
+class FailingGrid:
+    """A grid whose every node replies with the error a ClientApp raising ``RuntimeError('no GPU')`` makes."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        from flwr.app import Error, Message
+
+        replies = []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = f"m{message.metadata.dst_node_id}"  # what a push would set
+            reply = Message(Error(code=0, reason="<class 'RuntimeError'>:<'no GPU'>"), reply_to=message)
+            reply.metadata.__dict__["_src_node_id"] = message.metadata.dst_node_id
+            replies.append(reply)
+        return replies
+
+
+def test_the_grid_transport_writes_a_clientapps_error_as_flower_does_and_the_groups_read_it_back(monkeypatch):
+    from flwr.common import GetPropertiesIns
+    from flwr.server.compat.grid_client_proxy import GridClientProxy
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)  # what a ServerApp process has
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+    proxy = GridClientProxy(node_id=100, grid=FailingGrid(), run_id=1)
+    with pytest.raises(ValueError) as flowers:
+        proxy.get_properties(GetPropertiesIns(config={}), timeout=5, group_id=0)
+    [ours] = ask_properties([proxy], {}, 5)
+    assert isinstance(ours, ValueError) and str(ours) == str(flowers.value)  # a Flower upgrade that changes it fails
+    assert cause_of(str(ours)) == "RuntimeError: no GPU (raised in the ClientApp)"
