@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from app.local.simulation import free_port
+from app.local.processes import free_port
 from app.warm_exec import die_with_parent
 
 RESERVED = ("--isolation", "--port", "--host")  # the device sets these for the SuperNode-SuperExec link

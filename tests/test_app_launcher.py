@@ -1,4 +1,5 @@
-from app.local.simulation import FINISHED_OK, RunOutcome, run_config_text
+from app.local.flower_text import run_config_text
+from app.local.flwr_cli import FINISHED_OK, RunOutcome
 
 
 def test_run_config_text_is_toml_for_flwr_run():

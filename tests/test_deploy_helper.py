@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO
 
 from app.config import ConfigError
-from app.local.deployment import deployment_run_config
+from app.local.deployment_cli import deployment_run_config
 
 
 def test_the_users_keys_override_the_helpers_results_dir():

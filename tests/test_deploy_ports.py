@@ -16,8 +16,9 @@ import pytest
 from conftest import REPO
 
 import app.local.deployment as deploy
-from app.local.deployment import CONNECTION, PORT_IN_USE, LocalDeployment
-from app.local.simulation import free_port
+import app.local.processes as processes
+from app.local.deployment import CONNECTION, LocalDeployment
+from app.local.processes import PORT_IN_USE, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -29,7 +30,8 @@ def test_a_superlink_and_a_supernode_whose_ports_are_taken_start_again_on_fresh_
         taken = held.getsockname()[1]
         # calls: the SuperLink's port (taken), its second, the SuperNode's port (taken), its second
         handed = iter([taken, free_port(), taken, free_port()])
-        monkeypatch.setattr(deploy, "free_port", lambda: next(handed))
+        monkeypatch.setattr(deploy, "free_port", lambda: next(handed))  # first ports
+        monkeypatch.setattr(processes, "free_port", lambda: next(handed))  # ports after a loss
         with LocalDeployment(app_dir=REPO, num_nodes=1, workdir=tmp_path / "deployment") as deployment:
             assert deployment.port != taken and deployment.superlink.process.poll() is None
             node = deployment.nodes[0]

@@ -27,16 +27,11 @@ import pytest
 from conftest import REPO
 from flwr.common.config import parse_config_args
 
-from app.local.deployment import (
-    CONNECTION,
-    FLOWER_ENV,
-    LocalDeployment,
-    make_certificates,
-    make_node_key,
-    option_string,
-    toml_string,
-)
+from app.local.credentials import make_certificates, make_node_key
+from app.local.deployment import CONNECTION, LocalDeployment
 from app.local.fleet_gate import FleetGate, fleet_routes
+from app.local.flower_text import option_string, toml_string
+from app.local.flwr_cli import FLOWER_ENV
 
 try:
     import tomllib

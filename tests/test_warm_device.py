@@ -32,7 +32,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from app.local.deployment import LocalDeployment, group_processes, live_processes
+from app.local.deployment import LocalDeployment
+from app.local.processes import group_processes, live_processes
 from app.local.simulation import FINISHED_OK
 from app.warm_exec import TASK_NAME
 from datasets.tools.device_folders import CLASSES, INPUT_SHAPE, make_device_folders

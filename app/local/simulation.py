@@ -2,76 +2,28 @@
 
 ``flwr run --stream`` exits 0 even when the run failed, so scripts and tests use
 this launcher instead: it starts a private local SuperLink (its own FLWR_HOME and
-ports, so it never reuses a SuperLink started elsewhere with other settings),
-submits the app with ``flwr run --format json``, polls ``flwr ls --run-id`` until
-the run finishes, and stops every process it started.
+ports, so it never reuses a SuperLink started elsewhere with other settings) with the
+command ``flwr`` itself would use, submits the app and waits for the run's final status
+through :class:`~app.local.flwr_cli.FlwrCli`, and stops every process it started by
+process group (:mod:`app.local.processes`).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import socket
-import subprocess
 import tempfile
 import time
+import urllib.request
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-FINISHED_OK = "finished:completed"
+from app.local.flower_text import run_config_text
+from app.local.flwr_cli import FINISHED_OK, FlwrCli, RunOutcome, flower_environment
+from app.local.processes import Started, free_port, spawn, stop, tail
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _kill_matching(marker: str) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
-        for pid in (int(p) for p in pids if int(p) != os.getpid()):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        if pids and sig == signal.SIGTERM:
-            time.sleep(1.0)
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return "'" + value + "'"
-    return repr(value)
-
-
-def run_config_text(config: dict[str, object]) -> str:
-    """``{"lr": 0.1, "dataset": "mnist"}`` -> ``lr=0.1 dataset='mnist'`` for ``--run-config``."""
-    return " ".join(f"{key}={_toml_value(value)}" for key, value in config.items())
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    """How a submitted run ended."""
-
-    run_id: str
-    status: str
-    wall_seconds: float
-    log: str
-
-    @property
-    def log_tail(self) -> str:
-        return self.log[-4000:]
-
-    @property
-    def ok(self) -> bool:
-        return self.status == FINISHED_OK
+__all__ = ["FINISHED_OK", "LocalSimulation", "RunOutcome", "free_port"]  # what scripts and tests import from here
+SUPERLINK_START_S = 60  # flwr's own start waits 15 s, too short for a busy 2-core machine
 
 
 class LocalSimulation:
@@ -109,19 +61,14 @@ class LocalSimulation:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.http_port, self.control_port = free_port(), free_port()
         self._submitted: dict[str, float] = {}  # run id -> when it was submitted (perf_counter)
-        self.env = {
-            **os.environ,
-            "FLWR_HOME": str(self.home),
-            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-            "FLWR_TELEMETRY_ENABLED": "0",
-            "FLWR_DISABLE_UPDATE_CHECK": "1",
-            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.http_port),
-            "FLWR_LOCAL_CONTROL_API_PORT": str(self.control_port),
-            **(env or {}),
-        }
+        ports = {"FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.http_port),
+                 "FLWR_LOCAL_CONTROL_API_PORT": str(self.control_port)}  # fmt: skip
+        self.env = flower_environment(self.home, {**ports, **(env or {})})
         if pythonpath:
             inherited = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
             self.env["PYTHONPATH"] = os.pathsep.join([*(str(Path(p).resolve()) for p in pythonpath), *inherited])
+        self.cli = FlwrCli(env=self.env, cwd=self.workdir, timeout_s=180)
+        self.superlink: Started | None = None
 
     def __enter__(self) -> LocalSimulation:
         return self
@@ -129,41 +76,51 @@ class LocalSimulation:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _flwr(self, args: list[str], timeout: float = 180) -> dict:
-        out = subprocess.run(
-            ["flwr", *args, "--format", "json"], env=self.env, cwd=self.workdir,
-            capture_output=True, text=True, timeout=timeout,
-        )  # fmt: skip
+    def _superlink_command(self) -> list[str]:
+        """The local SuperLink as ``flwr`` starts it (``flwr/cli/local_superlink.py``), on this simulation's ports."""
+        runtime = self.home / "local-superlink"
+        return ["flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess", "--control-api-address",
+                f"127.0.0.1:{self.control_port}", "--host", "127.0.0.1", "--port", str(self.http_port), "--log-file",
+                str(runtime / "superlink.log"), "--log-rotation-interval-hours", "24", "--log-rotation-backup-count",
+                "7", "--database", str(runtime / "state.db")]  # fmt: skip
+
+    def start(self) -> None:
+        """Start the private SuperLink (in a process group of its own) and wait until it answers.
+
+        ``flwr`` would start it at the first submission, detached, where only a search by
+        command line could find it again; started here, it is stopped by process group.
+        """
+        if self.superlink is not None:
+            return
+        (self.home / "local-superlink").mkdir(parents=True, exist_ok=True)
+        # the SuperLink's output and that of what it starts (SuperExec, simulation): --log-file holds its own only
+        self.superlink = spawn("superlink", self._superlink_command(), env=self.env, cwd=self.workdir,
+                               log_path=self.home / "local-superlink" / "output.log")  # fmt: skip
+        deadline = time.monotonic() + SUPERLINK_START_S
+        while not self._healthy():
+            if self.superlink.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the local SuperLink did not start; log:\n{tail(self.superlink.log_path)}")
+            time.sleep(0.2)
+
+    def _healthy(self) -> bool:
+        """Whether the SuperLink answers ``/health``, as ``flwr`` asks before it would start one itself."""
         try:
-            return json.loads(out.stdout)
-        except json.JSONDecodeError as err:
-            raise RuntimeError(f"`flwr {args[0]}` printed no JSON:\n{out.stdout}\n{out.stderr}") from err
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/health", timeout=0.4) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
 
     def submit(self, *, run_config: dict[str, object], num_supernodes: int, extra_federation: str = "") -> str:
         """Submit one run and return its run id, without waiting for it (see :meth:`wait`)."""
+        self.start()
         federation = f"num-supernodes={num_supernodes} {extra_federation}".strip()
-        submitted = self._flwr(["run", str(self.app_dir), "--run-config", run_config_text(run_config),
-                                "--federation-config", federation])  # fmt: skip
-        if not submitted.get("success"):
-            raise RuntimeError(f"flwr run refused the submission: {submitted}")
-        run_id = str(submitted["run-id"])
+        run_id = self.cli.submit(self.app_dir, run_config_text(run_config), ["--federation-config", federation])
         self._submitted[run_id] = time.perf_counter()
         return run_id
 
     def wait(self, run_id: str, *, timeout_s: float = 1800) -> RunOutcome:
         """Wait for a submitted run to end; its status, and the seconds since it was submitted."""
-        # `flwr log --stream` blocks until the run ends: one idle process instead of a
-        # polling loop that would compete with the simulation for the CPU.
-        try:
-            streamed = subprocess.run(
-                ["flwr", "log", run_id, "--stream"], env=self.env, cwd=self.workdir,
-                capture_output=True, text=True, timeout=timeout_s,
-            ).stdout  # fmt: skip
-        except subprocess.TimeoutExpired as err:
-            streamed = (err.stdout or b"").decode(errors="replace") if isinstance(err.stdout, bytes) else err.stdout
-        wall = time.perf_counter() - self._submitted.pop(run_id, time.perf_counter())
-        status = self._flwr(["ls", "--run-id", run_id])["runs"][0]["status"]
-        return RunOutcome(run_id=run_id, status=status, wall_seconds=wall, log=streamed or "")
+        return self.cli.wait(run_id, timeout_s=timeout_s, since=self._submitted.pop(run_id, None))
 
     def run(
         self, *, run_config: dict[str, object], num_supernodes: int, timeout_s: float = 1800, extra_federation: str = ""
@@ -198,7 +155,7 @@ class LocalSimulation:
         return {name: outcomes[name] for name in runs}
 
     def close(self) -> None:
-        """Stop the SuperLink and everything it started, then delete the private home."""
-        _kill_matching(str(self.home))
-        _kill_matching(f"127.0.0.1:{self.http_port}")
+        """Stop the SuperLink and everything it started (by process group), then delete the private home."""
+        if self.superlink is not None:
+            stop([self.superlink])
         self._tmp.cleanup()
