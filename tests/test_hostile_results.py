@@ -167,7 +167,7 @@ def test_a_run_name_that_is_no_folder_name_is_refused_naming_the_key_and_nothing
 
 
 def test_run_name_problem_allows_names_and_only_names():
-    from app.results import run_name_problem
+    from app.run_folder import run_name_problem
 
     for fine in ("", "run-1", "my run", "a..b", "résultats", "x" * 255):
         assert run_name_problem(fine) is None, fine
