@@ -19,7 +19,8 @@ from app.config import ConfigError, Settings, check_on_server, ignored_keys, ign
 from app.own_parts import ModelFn, OwnParts
 from app.provenance import run_provenance
 from app.registry import METHODS
-from app.results import ResultWriter, earlier_run_problem, run_directory, run_name_problem, write_refusal
+from app.results import ResultWriter
+from app.run_folder import earlier_run_problem, run_directory, write_refusal
 from app.workdir import resolved
 from clients.base import torch_device
 from clients.models import build_model, layout_of, parameter_count
@@ -136,7 +137,7 @@ def refused(err: Exception, run_config: Mapping[str, object], parts: OwnParts) -
 
     The folder is the one the run would have written to; when the keys naming it are the
     ones refused, there is none, and the log line is all. The record replaces nothing
-    (:func:`app.results.write_refusal`): it is the ``summary.json`` of a new or empty
+    (:func:`app.run_folder.write_refusal`): it is the ``summary.json`` of a new or empty
     folder, and ``refused-<timestamp>.json`` beside an earlier run's files.
     """
     reason = " ".join(str(err).split())
@@ -184,7 +185,7 @@ def build_server_app(
         (``build_client_app(data=...)``); ``""``: the data is stamen's ``dataset``.
     allow_app_keys
         Pass the app's own run-config keys through to it; a key that looks like a misspelt
-        stamen key is still refused (:func:`app.config.looks_like_stamen_key`).
+        stamen key is still refused (:func:`app.config.keys.looks_like_stamen_key`).
 
     """
     parts = OwnParts(model=model, model_name=model_name, model_card=model_card, data_name=data_name,
@@ -207,9 +208,7 @@ def server_function(parts: OwnParts) -> Callable[[Context], ServerAppComponents]
 
 def server_components(run_config: Mapping[str, object], parts: OwnParts) -> ServerAppComponents:
     """Build the strategy named by ``strategy``, with a result writer as its recorder, inside stamen's round server."""
-    settings, network = parts.settings(run_config, own_data=bool(parts.data_name))
-    if problem := run_name_problem(settings.execution.run_name):
-        raise ConfigError(problem)
+    settings, network = parts.settings(run_config, own_data=bool(parts.data_name))  # checked by app.config.rules
     ignored = ignored_keys(run_config, settings)
     if ignored:
         log(WARNING, ignored_keys_line(ignored))
@@ -256,7 +255,7 @@ def server_components(run_config: Mapping[str, object], parts: OwnParts) -> Serv
 
 
 def earlier_run_in_the_way(settings: Settings) -> str | None:
-    """Why a new run may not write to its ``run-name`` folder (:func:`app.results.earlier_run_problem`), or ``None``.
+    """Why a new run may not write to its ``run-name`` folder (:func:`app.run_folder.earlier_run_problem`), or ``None``.
 
     Asked before any work, so a run that would mix its files with an earlier run's is
     refused at once; the writer claims the folder atomically later (:class:`ResultWriter`).

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from datasets import (
-    APP_DATA,
     DATASETS,
     EMNIST_SPLITS,
     FEATURE_SHIFTS,
@@ -273,9 +272,10 @@ SHARED_GROUPS: tuple[type[KeyedSettings], ...] = (RunSettings, DataSettings, Tra
 class Settings:
     """A whole run's settings: the four shared groups, the chosen model's card and the chosen method's own.
 
-    Building one checks the rules between groups (a model that needs images on
-    generated data, a BatchNorm model with batches of one, say) and then the method's
-    own rules against the shared keys.
+    Each group checks its own keys as it is built; the rules between groups (a model
+    that needs images on generated data, a BatchNorm model with batches of one, say) and
+    the method's own rules against the shared keys are ``app/config/rules.py``'s, which
+    :func:`app.config.parse_settings` runs on the settings it builds.
     """
 
     run: RunSettings
@@ -287,39 +287,8 @@ class Settings:
     tuner: MethodSettings | None = None  # the tuner's own settings (fathom-*), when ``tune`` names one
 
     def __post_init__(self) -> None:
-        data, training, card = self.data, self.training, self.model_card
-        if card.name != training.model:
-            raise ValueError(f"Settings: model card {card.name!r} for model {training.model!r}")
-        if card.inputs == "image" and data.dataset in GENERATED:
-            raise ConfigError(f"run config key 'model': {training.model!r} needs images; dataset {data.dataset!r} "
-                              "has feature vectors")  # fmt: skip
-        if (card.task == "regression") != (data.dataset in REGRESSION_DATASETS):
-            raise ConfigError(f"run config key 'model': dataset {data.dataset!r} and model {training.model!r} "
-                              f"({card.task}) do not go together: real targets ({list(REGRESSION_DATASETS)}) need "
-                              "a regression model ('linear'), class labels a classifier")  # fmt: skip
-        self.check_batches()
-        if self.run.central_eval and data.dataset in GENERATED:
-            raise ConfigError(f"run config key 'central-eval': needs a dataset with its own test set; "
-                              f"{data.dataset!r} has none")  # fmt: skip
-        if self.run.central_eval and data.dataset == APP_DATA:
-            raise ConfigError("run config key 'central-eval': the data is the app's own, which only its clients "
-                              "load, so the server has no test set; evaluation runs on the clients "
-                              "(fraction-evaluate > 0)")  # fmt: skip
-        if self.run.central_eval and data.dataset in USER_DATASETS and not data.data_dir:
-            raise ConfigError(f"run config key 'central-eval': the server tests on the run config's data-dir, which "
-                              f"is empty (dataset {data.dataset!r}: the devices hold the data)")  # fmt: skip
-        self.method.check_in(self)
-
-    def check_batches(self) -> None:
-        """Refuse batch sizes the model cannot train on: every ``*batch-size`` key below its ``min_batch``."""
-        low = self.model_card.min_batch
-        values = {**self.training.values(), **self.method.values()}
-        for name, value in values.items():
-            # adapt-batch-size 0 means the whole training set, checked per client in the preflight
-            if name.endswith("batch-size") and 0 < int(value) < low:
-                raise ConfigError(f"run config key {name!r}: {value} is below {low}, the smallest batch model "
-                                  f"{self.training.model!r} trains on ({self.model_card.norm} norm: a batch of 1 has "
-                                  "no batch statistics)")  # fmt: skip
+        if self.model_card.name != self.training.model:
+            raise ValueError(f"Settings: model card {self.model_card.name!r} for model {self.training.model!r}")
 
     def as_run_config(self) -> dict[str, object]:
         """Every key of the shared groups and of the method, with its value (for summaries and checkpoints)."""

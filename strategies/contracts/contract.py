@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from strategies.contracts.keys import INF, KeyedSettings
 from strategies.contracts.models import ModelLayout
@@ -126,6 +126,27 @@ class Tunable:
         """Dimension (``step``, ``work``, ``batch``) -> the key it moves, for a run whose settings are ``values``."""
         work = next((k for k in self.work if float(values[k]) > 0), self.work[-1])
         return {"step": str(values.get("fathom-step") or self.step), "work": work, "batch": self.batch}
+
+
+class TunerSettings(Protocol):
+    """What the shared checks read of a tuner's own settings (``tune = "<tuner>"``), so they name no tuner.
+
+    A tuner declares its own bounds here: FATHOM's are its ``FathomSettings``
+    (:mod:`strategies.contracts.fathom`); ``app/config/rules.py`` checks them against the
+    keys the method lets it move (:class:`Tunable`).
+    """
+
+    step: str  # the step-size key it moves ("" = the method's own)
+
+    @property
+    def step_key(self) -> str:
+        """The run-config key of :attr:`step` (``fathom-step``)."""
+
+    def gamma_of(self, dimension: str) -> tuple[str, float]:
+        """The hyper-step key and value of a dimension (``step``, ``work``, ``batch``); 0 holds it fixed."""
+
+    def bounds_of(self, dimension: str, work_key: str) -> tuple[tuple[str, str], tuple[float, float]]:
+        """The bound keys and values of a dimension; ``work_key``: the key of the method's local work."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from strategies.contracts.contract import Contract, MethodSettings, Metric, Tunable
-from strategies.contracts.keys import ConfigError, key
+from strategies.contracts.keys import ConfigError, key, key_name
 
 if TYPE_CHECKING:
     from strategies.contracts.common import Settings
@@ -83,6 +83,11 @@ class FathomSettings(MethodSettings):
     @property
     def batch_bounds(self) -> tuple[float, float]:
         return self.batch_min, self.batch_max
+
+    @property
+    def step_key(self) -> str:
+        """The run-config key naming the step size it moves (``fathom-step``)."""
+        return key_name(self.prefix, "step")
 
     def bounds_of(self, dimension: str, work_key: str) -> tuple[tuple[str, str], tuple[float, float]]:
         """The bound keys and values of a tuned dimension (``step``, ``work`` or ``batch``)."""

@@ -1,0 +1,352 @@
+"""Every rule between keys of different groups, each a small function naming the keys it reads.
+
+A key's own range and choices, and the rules among one group's keys, are declared with
+the key (``strategies/contracts/``). What spans groups is here, in the order it is checked:
+
+- :data:`RULES`: on every process that parses the run config (:func:`app.config.parse_settings`,
+  so the server and every SuperNode), before any data is loaded or any model is built;
+- :data:`MODEL_RULES`: the method against the run's model (:func:`check_model`), after the
+  inputs against the data's shape (:func:`check_inputs`) where the model is built here;
+- :func:`check_on_server`: what only the server checks, once, before the run's folder
+  exists: the files only it reads, the model rules, ``resume-from``.
+
+Every rule raises :class:`ConfigError` naming a key, the bad value and what is allowed. A
+method's own rules against the shared keys are its settings' ``check_in``, its rules
+against the model its ``check_model``, its server-only files its ``check_on_server``; a
+tuner declares its own bounds (:class:`strategies.contracts.contract.TunerSettings`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from app.config.keys import key_specs
+from app.registry import CONTRACTS
+from app.run_folder import run_name_problem
+from app.workdir import resolved
+from clients.models import build_model, layout_of
+from datasets import APP_DATA, GENERATED, USER_DATASETS, dataset_shape
+from strategies.contracts.common import AVERAGES, REGRESSION_DATASETS, ROBUST, Settings
+from strategies.contracts.contract import Contract, TunerSettings
+from strategies.contracts.keys import ConfigError
+from strategies.contracts.models import ModelLayout
+from strategies.contracts.personal import WholeModel
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule between groups: the run-config keys it reads, and its check (which raises ``ConfigError``)."""
+
+    keys: tuple[str, ...]
+    check: Callable[..., None]
+
+
+# RULES: check(settings, contracts), on every process that parses the run config
+
+
+def model_takes_the_inputs(settings: Settings, contracts: Mapping[str, Contract]) -> None:
+    """A model that needs images is refused on generated data (feature vectors)."""
+    card, data = settings.model_card, settings.data
+    if card.inputs == "image" and data.dataset in GENERATED:
+        raise ConfigError(f"run config key 'model': {settings.training.model!r} needs images; dataset "
+                          f"{data.dataset!r} has feature vectors")  # fmt: skip
+
+
+def model_task_fits_the_targets(settings: Settings, contracts: Mapping[str, Contract]) -> None:
+    """Real targets need a regression model, class labels a classifier."""
+    card, dataset = settings.model_card, settings.data.dataset
+    if (card.task == "regression") != (dataset in REGRESSION_DATASETS):
+        raise ConfigError(f"run config key 'model': dataset {dataset!r} and model {settings.training.model!r} "
+                          f"({card.task}) do not go together: real targets ({list(REGRESSION_DATASETS)}) need "
+                          "a regression model ('linear'), class labels a classifier")  # fmt: skip
+
+
+def batch_sizes_fit_the_model(settings: Settings, contracts: Mapping[str, Contract]) -> None:
+    """Every ``*batch-size`` key (shared or the method's) at least the model's ``min_batch`` (BatchNorm: 2)."""
+    low = settings.model_card.min_batch
+    values = {**settings.training.values(), **settings.method.values()}
+    for name, value in values.items():
+        # adapt-batch-size 0 means the whole training set, checked per client in the preflight
+        if name.endswith("batch-size") and 0 < int(value) < low:
+            raise ConfigError(f"run config key {name!r}: {value} is below {low}, the smallest batch model "
+                              f"{settings.training.model!r} trains on ({settings.model_card.norm} norm: a batch of "
+                              "1 has no batch statistics)")  # fmt: skip
+
+
+def central_eval_has_a_test_set(settings: Settings, contracts: Mapping[str, Contract]) -> None:
+    """``central-eval`` needs a dataset with a test set the server can load."""
+    data = settings.data
+    if not settings.run.central_eval:
+        return
+    if data.dataset in GENERATED:
+        raise ConfigError(f"run config key 'central-eval': needs a dataset with its own test set; "
+                          f"{data.dataset!r} has none")  # fmt: skip
+    if data.dataset == APP_DATA:
+        raise ConfigError("run config key 'central-eval': the data is the app's own, which only its clients "
+                          "load, so the server has no test set; evaluation runs on the clients "
+                          "(fraction-evaluate > 0)")  # fmt: skip
+    if data.dataset in USER_DATASETS and not data.data_dir:
+        raise ConfigError(f"run config key 'central-eval': the server tests on the run config's data-dir, which "
+                          f"is empty (dataset {data.dataset!r}: the devices hold the data)")  # fmt: skip
+
+
+def method_rules(settings: Settings, contracts: Mapping[str, Contract]) -> None:
+    """The chosen method's own rules against the shared keys (its settings' ``check_in``)."""
+    settings.method.check_in(settings)
+
+
+def tune_a_tunable_strategy(settings: Settings, contracts: Mapping[str, Contract]) -> None:
+    """A tuner (``tune``) wraps only a strategy that declares what it may move (its contract's ``tunable``)."""
+    strategy, tune = settings.run.strategy, settings.run.tune
+    if settings.tuner is not None and contracts[strategy].tunable is None:
+        tunable = [name for name, contract in contracts.items() if contract.tunable is not None and name != tune]
+        raise ConfigError(f"run config key 'tune': strategy {strategy!r} declares nothing tunable; tune one of "
+                          f"{tunable}")  # fmt: skip
+
+
+def tune_another_strategy(settings: Settings, contracts: Mapping[str, Contract]) -> None:
+    """A tuner that is also a strategy (``fathom``) does not tune itself."""
+    strategy = settings.run.strategy
+    if settings.tuner is not None and strategy == settings.run.tune:
+        raise ConfigError(f"run config key 'tune': strategy {strategy!r} is already tuned by {strategy}; use "
+                          f"tune = 'none', or tune = {strategy!r} over another strategy")  # fmt: skip
+
+
+def tuner_step_is_the_methods(settings: Settings, contracts: Mapping[str, Contract]) -> None:
+    """The tuner's step key (``fathom-step``) names a step size the method lets it move."""
+    tuner: TunerSettings | None = settings.tuner
+    if tuner is None:
+        return
+    strategy = settings.run.strategy
+    declared = contracts[strategy].tunable
+    allowed = ("", declared.step, *declared.other_steps)
+    if tuner.step not in allowed:
+        raise ConfigError(f"run config key {tuner.step_key!r}: {tuner.step!r} is not a step size {strategy} lets "
+                          f"the tuner move; choose one of {list(allowed)}")  # fmt: skip
+
+
+def tuner_bounds_fit_the_keys(settings: Settings, contracts: Mapping[str, Contract]) -> None:
+    """Each dimension the tuner moves: its bounds within the moved key's range, the start between them.
+
+    The bounds are the tuner's (``bounds_of``); a dimension whose hyper-step (``gamma_of``)
+    is 0 is held at the method's own value and not checked.
+    """
+    tuner: TunerSettings | None = settings.tuner
+    if tuner is None:
+        return
+    known = key_specs(contracts)
+    values = settings.as_run_config()
+    for dimension, name in tuned_keys(settings, contracts).items():
+        gamma_key, gamma = tuner.gamma_of(dimension)
+        if gamma == 0:
+            continue
+        (low_key, high_key), (low, high) = tuner.bounds_of(dimension, name)
+        spec = known[name][1]
+        for bound_key, bound in ((low_key, low), (high_key, high)):
+            above_low = bound > spec.low or (bound == spec.low and not spec.low_open)
+            below_high = bound < spec.high or (bound == spec.high and not spec.high_open)
+            if not (above_low and below_high):
+                raise ConfigError(
+                    f"run config key {bound_key!r}: {bound:g} is outside the range of {name!r}, "
+                    f"{spec.allowed()}, which the tuner moves; set it within that range, or {gamma_key} = 0 "
+                    f"to hold {name} fixed"
+                )
+        if dimension == "batch" and low < settings.model_card.min_batch:
+            raise ConfigError(f"run config key {low_key!r}: {low:g} is below {settings.model_card.min_batch}, the "
+                              f"smallest batch model {settings.training.model!r} trains on (BatchNorm)")  # fmt: skip
+        if not low <= float(values[name]) <= high:
+            raise ConfigError(f"run config key {name!r}: the tuner starts at {values[name]}, outside "
+                              f"[{low_key}, {high_key}] = [{low:g}, {high:g}]")  # fmt: skip
+
+
+def tuned_keys(settings: Settings, contracts: Mapping[str, Contract] = CONTRACTS) -> dict[str, str]:
+    """Dimension (``step``, ``work``, ``batch``) -> the run-config key the tuner moves, for a tuned run."""
+    tunable = contracts[settings.run.strategy].tunable
+    return tunable.keys(settings.as_run_config())
+
+
+def aggregation_fits_the_method(settings: Settings, contracts: Mapping[str, Contract]) -> None:
+    """A robust ``aggregation`` only for a method whose server averages the replies' models."""
+    rule, contract = settings.run.aggregation, contracts[settings.run.strategy]
+    if rule in ROBUST and not contract.robust_aggregation:
+        raise ConfigError(f"run config key 'aggregation': {rule!r} is a rule for methods whose server averages the "
+                          f"replies' models; {contract.name} combines them by its own maths, so it takes "
+                          f"{' or '.join(repr(a) for a in AVERAGES)}")  # fmt: skip
+
+
+def server_model_keys_need_one(settings: Settings, contracts: Mapping[str, Contract]) -> None:
+    """A method whose model never travels (``WholeModel``) refuses the keys that need a model on the server.
+
+    A checkpoint could not hold the clients' models. ``max-update-ratio`` applies to it
+    still: it screens the array sets its clients return (FedProto's prototypes).
+    """
+    contract, execution = contracts[settings.run.strategy], settings.execution
+    if not isinstance(contract.personal, WholeModel):
+        return
+    for name, value, used in (("checkpoint-every", execution.checkpoint_every, execution.checkpoint_every > 0),
+                              ("resume-from", execution.resume_from, bool(execution.resume_from))):  # fmt: skip
+        if used:
+            raise ConfigError(f"run config key {name!r}: {value!r} needs a model on the server; {contract.name}'s "
+                              "model never travels (each client keeps its own whole model in Context.state), "
+                              "so leave it at its default")  # fmt: skip
+
+
+def central_eval_reads_no_held_out_test(settings: Settings, contracts: Mapping[str, Contract]) -> None:
+    """``central-eval`` reads the test set, which ``validation-fraction`` > 0 keeps out of the run."""
+    fraction = settings.data.validation_fraction
+    if settings.run.central_eval and fraction > 0:
+        raise ConfigError("run config key 'central-eval': it tests the global model on the dataset's test set, which "
+                          f"validation-fraction = {fraction:g} keeps out of the run (every "
+                          "evaluation reads the clients' validation splits); leave one of them off")  # fmt: skip
+
+
+def central_eval_has_a_whole_model(settings: Settings, contracts: Mapping[str, Contract]) -> None:
+    """``central-eval`` is refused for a method that keeps part of the model on its clients."""
+    contract = contracts[settings.run.strategy]
+    if contract.personal is not None and settings.run.central_eval:
+        kept = contract.personal.describe(settings.method.values())
+        raise ConfigError(
+            f"run config key 'central-eval': {contract.name} keeps {kept} on the clients, so the server's model "
+            "holds only their initial values and testing it would measure nothing; its evaluation runs on the "
+            "clients, each with its own layers (fraction-evaluate > 0)"
+        )
+
+
+def run_name_is_a_name(settings: Settings, contracts: Mapping[str, Contract]) -> None:
+    """``run-name`` is one folder name under ``results-dir`` (:func:`app.run_folder.run_name_problem`)."""
+    if problem := run_name_problem(settings.execution.run_name):  # before any folder, data or node
+        raise ConfigError(problem)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(("model", "dataset"), model_takes_the_inputs),
+    Rule(("model", "dataset"), model_task_fits_the_targets),
+    Rule(("model", "batch-size", "adapt-batch-size", "<method>-*batch-size"), batch_sizes_fit_the_model),
+    Rule(("central-eval", "dataset", "data-dir"), central_eval_has_a_test_set),
+    Rule(("<method>-*", "shared keys"), method_rules),
+    Rule(("tune", "strategy"), tune_a_tunable_strategy),
+    Rule(("tune", "strategy"), tune_another_strategy),
+    Rule(("<tuner>-step", "strategy"), tuner_step_is_the_methods),
+    Rule(("<tuner>-*-min", "<tuner>-*-max", "model", "the keys tuned"), tuner_bounds_fit_the_keys),
+    Rule(("aggregation", "strategy"), aggregation_fits_the_method),
+    Rule(("checkpoint-every", "resume-from", "strategy"), server_model_keys_need_one),
+    Rule(("central-eval", "validation-fraction"), central_eval_reads_no_held_out_test),
+    Rule(("central-eval", "strategy"), central_eval_has_a_whole_model),
+    Rule(("run-name",), run_name_is_a_name),
+)
+
+
+def check_settings(settings: Settings, contracts: Mapping[str, Contract] = CONTRACTS) -> None:
+    """Every rule of :data:`RULES`, in order; the first broken raises."""
+    for rule in RULES:
+        rule.check(settings, contracts)
+
+
+# MODEL_RULES: check(settings, contract, layout), on the server and in python -m app.config
+
+
+def check_inputs(settings: Settings, input_shape: tuple[int, ...]) -> None:
+    """``feature-shift`` and ``input-mean``/``input-std`` against the data's input shape (channels first).
+
+    Raises
+    ------
+    ConfigError
+        Naming the key: a colour shift of images that are not RGB, or another number of
+        channel values than the inputs have channels.
+
+    """
+    data = settings.data
+    channels = input_shape[0] if input_shape else 0
+    if data.feature_shift == "colour" and (len(input_shape) != 3 or channels != 3):
+        raise ConfigError(f"run config key 'feature-shift': 'colour' needs RGB images (3xHxW); dataset "
+                          f"{data.dataset!r} has inputs of shape {'x'.join(map(str, input_shape))}")  # fmt: skip
+    means, _ = data.normalisation()
+    if means and len(means) != channels:
+        raise ConfigError(f"run config key 'input-mean': {len(means)} values, but dataset {data.dataset!r} has "
+                          f"{channels} channels (inputs of shape {'x'.join(map(str, input_shape))})")  # fmt: skip
+
+
+def model_layout(settings: Settings) -> ModelLayout:
+    """The run's model, built from its settings as the server builds it: its arrays' names, shapes, kinds and head.
+
+    Raises
+    ------
+    ConfigError
+        If the model cannot be built for the run's data (a CNN on images that are not square),
+        or the data has no shape stamen can read (dataset ``app``: only an app's clients have it).
+
+    """
+    try:
+        input_shape, num_classes = dataset_shape(settings.data_spec())
+    except ValueError as err:
+        raise ConfigError(f"run config key 'dataset': {err}") from err
+    check_inputs(settings, input_shape)
+    try:
+        model = build_model(settings.training.model, input_shape=input_shape, num_classes=num_classes)
+    except ValueError as err:
+        raise ConfigError(f"run config key 'model': {err}") from err
+    return layout_of(model)
+
+
+def representation_has_a_head(settings: Settings, contract: Contract, layout: ModelLayout) -> None:
+    """A method that trains on the representation needs a model split into features and a head."""
+    if contract.representation and not layout.head:
+        raise ConfigError(f"run config key 'model': {contract.name} trains on the model's representation "
+                          f"features(x), and {settings.training.model!r} is not split into features and a head; "
+                          "derive it from clients.models.SplitModel (stamen.clients.models.SplitModel installed: "
+                          "docs/adding-a-model.md)")  # fmt: skip
+
+
+def personal_arrays_exist(settings: Settings, contract: Contract, layout: ModelLayout) -> None:
+    """The method's personal arrays (``fedrep-personal-layers``, ...) are arrays of this model."""
+    contract.personal_arrays(settings.method, layout)
+
+
+def method_model_rules(settings: Settings, contract: Contract, layout: ModelLayout) -> None:
+    """The method's own rules against the model's arrays (its settings' ``check_model``)."""
+    settings.method.check_model(dict(zip(layout.names, layout.shapes, strict=True)))
+
+
+MODEL_RULES: tuple[Rule, ...] = (
+    Rule(("model", "strategy"), representation_has_a_head),
+    Rule(("model", "<method>-personal-*"), personal_arrays_exist),
+    Rule(("model", "<method>-*"), method_model_rules),
+)
+
+
+def check_model(
+    settings: Settings, contracts: Mapping[str, Contract] = CONTRACTS, layout: ModelLayout | None = None
+) -> None:
+    """The method's rules against the run's model: every rule of :data:`MODEL_RULES`, in order.
+
+    Runs on the server before the run's folder exists, and in ``python -m app.config``.
+    ``layout`` is the model's (an outside app's own network); default: the registered
+    model's, built for the run's data.
+    """
+    layout = layout if layout is not None else model_layout(settings)
+    contract = contracts[settings.run.strategy]
+    for rule in MODEL_RULES:
+        rule.check(settings, contract, layout)
+
+
+# on the server only
+
+
+def resume_from_exists(settings: Settings) -> None:
+    """``resume-from`` names a file or folder there is (relative: under ~/stamen/)."""
+    resume_from = settings.execution.resume_from
+    if resume_from and not resolved(resume_from).exists():
+        raise ConfigError(f"run config key 'resume-from': {resume_from!r} ({resolved(resume_from)}) does not exist; "
+                          "a relative path is taken under ~/stamen/, like results-dir")  # fmt: skip
+
+
+def check_on_server(settings: Settings, layout: ModelLayout | None = None) -> None:
+    """Checks only the server makes, once, before any work: the method's files, its model rules, ``resume-from``.
+
+    ``parse_settings`` runs on every SuperNode too, where the server's files need not exist.
+    ``layout``: the model's, when it is an outside app's own (see :func:`check_model`).
+    """
+    settings.method.check_on_server()  # the files only the server reads (diffusion's graph, ...)
+    check_model(settings, layout=layout)
+    resume_from_exists(settings)
