@@ -2,7 +2,9 @@
 
 Flower's server does, each round, ``configure_fit`` -> each chosen proxy's ``fit`` ->
 ``aggregate_fit``; this does the same with proxies that answer in this process from
-real stamen clients (each its own model and data, built as a ClientApp builds them).
+real stamen clients, each built by the ClientApp's own :func:`app.client_app.build_client`
+from a Flower ``Context`` as a simulated SuperNode gets one (its partition in the node
+config, its ``state`` kept for the whole run).
 Messages keep Flower's encoding (``ndarrays_to_parameters``), so a reply is
 byte-for-byte what a SuperNode would send. What it leaves out is the transport, the
 processes and Flower's scheduling: long runs (thousands of rounds) cost only the
@@ -12,14 +14,16 @@ iterates as ``flwr run`` for the same seed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from flwr.common import (
     Code,
+    Context,
     EvaluateRes,
     FitRes,
     GetPropertiesRes,
     Parameters,
+    RecordDict,
     Status,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
@@ -27,31 +31,28 @@ from flwr.common import (
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
+from app.client_app import build_client
 from app.config import parse_settings
-from app.registry import METHODS
 from app.server_app import build_strategy
 from clients.base import TorchClient
-from clients.models import build_model
-from datasets import hold_out_validation, load_client_data
 from strategies.base import FederatedStrategy
 from strategies.contracts.common import Settings
 
 OK = Status(code=Code.OK, message="")
 
 
+def node_context(run_config: Mapping[str, object], *, partition: int, num_clients: int) -> Context:
+    """The ``Context`` Flower's simulation gives the SuperNode of ``partition``: its node config and a fresh state."""
+    node_config = {"partition-id": partition, "num-partitions": num_clients}
+    return Context(run_id=0, node_id=partition, node_config=node_config, state=RecordDict(),
+                   run_config=dict(run_config))  # fmt: skip
+
+
 def build_clients(settings: Settings, num_clients: int) -> list[TorchClient]:
-    """The run's method's client for partitions 0 to ``num_clients - 1``, each with its data and model."""
-    method = METHODS[settings.run.strategy]
-    clients = []
-    for partition in range(num_clients):
-        data = hold_out_validation(
-            load_client_data(settings.data_spec(num_clients), settings.partition_spec(num_clients), partition),
-            fraction=settings.data.validation_fraction, seed=settings.run.seed, partition_id=partition)  # fmt: skip
-        model = build_model(settings.training.model, input_shape=tuple(data.train_x.shape[1:]),
-                            num_classes=data.num_classes, seed=settings.run.seed)  # fmt: skip
-        clients.append(method.client(model=model, data=data, settings=settings, partition_id=partition,
-                                     num_partitions=num_clients))  # fmt: skip
-    return clients
+    """The run's method's client for partitions 0 to ``num_clients - 1``, each built as the ClientApp builds it."""
+    run_config = settings.as_run_config()
+    return [build_client(node_context(run_config, partition=partition, num_clients=num_clients))
+            for partition in range(num_clients)]  # fmt: skip
 
 
 class InProcessProxy(ClientProxy):
@@ -95,7 +96,10 @@ class InProcessRun:
         self.settings = parse_settings(run_config)
         self.strategy: FederatedStrategy = build_strategy(self.settings)
         self.manager = SimpleClientManager()
-        self.clients = build_clients(self.settings, num_clients)
+        # one Context per node for the whole run, as a SuperNode keeps one: a client's state lives in its .state
+        self.contexts = [node_context(run_config, partition=partition, num_clients=num_clients)
+                         for partition in range(num_clients)]  # fmt: skip
+        self.clients = [build_client(context) for context in self.contexts]
         for partition, client in enumerate(self.clients):
             self.manager.register(InProcessProxy(f"node-{partition}", client))
         self.parameters: Parameters = self.strategy.initialize_parameters(self.manager)
