@@ -49,12 +49,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
 
 from app.config import parse_settings  # noqa: E402
 from app.registry import METHODS  # noqa: E402
-from bench.common import QUICK_RESULTS, SHARED_DATA, RunLog, interval, machine  # noqa: E402
+from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, interval, machine  # noqa: E402
 from bench.personalised_table import Dataset as B7Dataset  # noqa: E402
 from bench.personalised_table import own_keys as b7_own_keys  # noqa: E402
 
@@ -280,7 +280,7 @@ def startup(rounds: int = 2, repeats: int = 3) -> dict:
     case's figures are the medians over the repeats.
     """
     from app.local.simulation import LocalSimulation
-    from bench.common import read_records
+    from bench.harness import read_records
 
     cases = {"cifar-cold": True, "cifar-warm": False, "default-job": None}
     measured: dict[str, list[dict]] = {name: [] for name in cases}

@@ -21,7 +21,10 @@ import subprocess
 import sys
 import time
 
-from common import REPO, machine
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
+
+from bench.harness import REPO, machine
 
 RESULTS = REPO / "bench" / "results"
 CASES = [  # (strategy, model, batch sizes)
@@ -40,7 +43,6 @@ def peak_mib() -> float:
 
 def child(strategy: str, model: str, batch: int) -> None:
     """One measurement, in this fresh process; prints one JSON line."""
-    sys.path.insert(0, str(REPO))
     phases = {"python": peak_mib()}
     import flwr.supernode.runtime.run_clientapp  # noqa: F401  (what flwr-clientapp imports first)
     import tomllib

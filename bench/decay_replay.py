@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import ast
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
 
+from bench.harness import REPO  # noqa: E402
 from strategies.fathom_math import overshooting, stationary  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"

@@ -40,24 +40,22 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from common import QUICK_RESULTS, REPO, machine
-
-sys.path.insert(0, str(REPO))
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
 
 from app.local.deployment import LocalDeployment  # noqa: E402
 from app.local.simulation import FINISHED_OK, LocalSimulation  # noqa: E402
+from bench.harness import QUICK_RESULTS, REPO, machine
+from bench.samplers import MemorySampler, process_stat, process_trees  # noqa: E402
 from datasets.tools.device_folders import CLASSES, INPUT_SHAPE, make_device_folders  # noqa: E402
 
 PHASES = ("flower", "imports", "data", "build", "work")
 VARIANTS = ("now", "warm")
 TRAIN_PER_CLASS, TEST_PER_CLASS = 20, 5
-SAMPLE_EVERY_S = 0.2
 
 
 def run_config(rounds: int, results: Path, name: str) -> dict[str, object]:
@@ -126,72 +124,6 @@ def _settled(roots: list[int], *, idle_cpu_s: float = 0.05, timeout_s: float = 1
     return last
 
 
-class MemorySampler:
-    """Sample the memory of each device's process tree in a thread; :meth:`peaks` gives the largest sums, in MiB."""
-
-    def __init__(self, roots: list[int]) -> None:
-        self.roots, self.stop = roots, threading.Event()
-        self.peak = {root: {"pss": 0.0, "rss": 0.0} for root in roots}
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> MemorySampler:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
-
-    def _run(self) -> None:
-        while not self.stop.wait(SAMPLE_EVERY_S):
-            for root, tree in _trees(self.roots).items():
-                total = {"pss": 0.0, "rss": 0.0}
-                for pid in tree:
-                    for measure, value in _memory(pid).items():
-                        total[measure] += value
-                for measure, value in total.items():
-                    self.peak[root][measure] = max(self.peak[root][measure], value)
-
-    def peaks(self) -> list[dict[str, float]]:
-        return [self.peak[root] for root in self.roots]
-
-
-def _memory(pid: int) -> dict[str, float]:
-    """PSS and RSS of a process in MiB (``/proc/<pid>/smaps_rollup``); zeros once it has ended."""
-    found = {"pss": 0.0, "rss": 0.0}
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            name, _, value = line.partition(":")
-            if name in ("Pss", "Rss"):
-                found[name.lower()] = int(value.split()[0]) / 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return found
-
-
-def _stat(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def _trees(roots: list[int]) -> dict[int, set[int]]:
-    """Each root and its living descendants, from one reading of ``/proc`` (the sampler runs 5 times a second)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                children.setdefault(int(_stat(int(entry.name))[1]), []).append(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    trees = {}
-    for root in roots:
-        tree, frontier = {root}, [root]
-        while frontier:
-            frontier = [child for pid in frontier for child in children.get(pid, ()) if child not in tree]
-            tree.update(frontier)
-        trees[root] = tree
-    return trees
-
-
 def _node_cpus(roots: list[int]) -> list[dict[str, float]]:
     """CPU seconds of each SuperNode's process tree: itself, and its descendants with the processes they reaped.
 
@@ -201,11 +133,11 @@ def _node_cpus(roots: list[int]) -> list[dict[str, float]]:
     """
     tick = os.sysconf("SC_CLK_TCK")
     found = []
-    for root, tree in _trees(roots).items():
+    for root, tree in process_trees(roots).items():
         totals = {"supernode": 0.0, "descendants": 0.0}
         for member in tree:
             try:
-                fields = _stat(member)
+                fields = process_stat(member)
             except OSError:
                 continue
             totals["supernode" if member == root else "descendants"] += sum(int(fields[i]) for i in (11, 12, 13, 14))

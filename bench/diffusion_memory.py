@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tracemalloc
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from flwr.common import Code, FitRes, GetPropertiesRes, Status, ndarrays_to_parameters  # noqa: E402
 from flwr.server.client_manager import SimpleClientManager  # noqa: E402
 from flwr.server.client_proxy import ClientProxy  # noqa: E402
 
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
+
 from app.config import parse_settings  # noqa: E402
-from bench.common import machine  # noqa: E402
+from bench.harness import REPO, machine  # noqa: E402
 from clients.models import build_model, parameter_count  # noqa: E402
 from strategies.contracts.code import code_identity  # noqa: E402
 from strategies.diffusion import Diffusion  # noqa: E402

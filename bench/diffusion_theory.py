@@ -37,20 +37,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
 
 from app.config import parse_settings  # noqa: E402
 from app.local.inprocess import InProcessRun  # noqa: E402
 from app.local.simulation import LocalSimulation  # noqa: E402
-from bench.common import QUICK_RESULTS, RunLog, interval, machine, read_records  # noqa: E402
+from bench.harness import QUICK_RESULTS, REPO, RunLog, interval, machine, read_records  # noqa: E402
 from datasets import load_client_data  # noqa: E402
 from datasets.least_squares import least_squares_optimum  # noqa: E402
 from strategies.topology import Network, build_network, expected_matrix, perron_vector  # noqa: E402

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -44,11 +43,11 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
 
 from app.local.simulation import LocalSimulation  # noqa: E402
-from bench.common import QUICK_RESULTS, SHARED_DATA, RunLog, interval, machine, read_records  # noqa: E402
+from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, interval, machine, read_records  # noqa: E402
 
 WRITERS, PER_ROUND, MODEL = 105, 10, "cnn-small"
 GRID_LR, GRID_BATCH = (0.03, 0.1, 0.3), (16, 64)

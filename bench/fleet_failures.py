@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
 
 from app.local.simulation import LocalSimulation  # noqa: E402
+from bench.harness import REPO  # noqa: E402
 
 NODES = 100
 # iid: 100 clients of the embedded data each get a share (the default split needs more images than it has)

@@ -30,20 +30,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
 
 from app.local.inprocess import InProcessRun  # noqa: E402
 from app.local.simulation import LocalSimulation  # noqa: E402
 from app.registry import METHODS  # noqa: E402
-from bench.common import QUICK_RESULTS, SHARED_DATA, machine  # noqa: E402
+from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, machine  # noqa: E402
 
 USERS = 50
 B1_HF = {

@@ -56,7 +56,6 @@ import math
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import zlib
@@ -64,13 +63,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 import numpy as np  # noqa: E402
 from flwr.common import parameters_to_ndarrays  # noqa: E402
 
-from bench.common import QUICK_RESULTS, SHARED_DATA, machine  # noqa: E402
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
+
+from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, machine  # noqa: E402
 from strategies.contracts.payload import LAYOUT, MODEL, unpack  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"

@@ -15,15 +15,15 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
 
 from app.local.simulation import LocalSimulation  # noqa: E402
+from bench.harness import REPO  # noqa: E402
 
 NUM_SUPERNODES = 50
 FEDERATION = "client-resources-num-cpus=1"  # as in the README's quick start: two clients at a time on 2 cores

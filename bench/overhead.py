@@ -31,13 +31,15 @@ import resource
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-from common import QUICK_RESULTS, REPO, SHARED_DATA, machine
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
 
-sys.path.insert(0, str(REPO))  # the plain loop runs this checkout's code, not an installed copy of stamen
+from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, machine
+from bench.samplers import PeakSampler  # noqa: E402
+
 RESULTS = REPO / "bench" / "results"
 IMAGES_PER_CLASS, USERS, BETA, ALPHA = 34, 50, 0.1, 0.001
 CASES = {  # name -> (strategy, fraction-fit)
@@ -63,41 +65,6 @@ def run_config(case: str, rounds: int, results: str) -> dict:
         "results-dir": results, "run-name": f"{case}-{time.strftime('%H%M%S')}",
     }  # fmt: skip
 
-
-# ------------------------------------------------------------------ memory
-
-
-def _tree_memory(marker: str) -> tuple[float, float]:
-    """Sum of PSS and of RSS (MiB) over processes whose environment holds ``marker``."""
-    pss = rss = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if marker.encode() not in (entry / "environ").read_bytes():
-                continue
-            for line in (entry / "smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    pss += int(line.split()[1]) / 1024
-                elif line.startswith("Rss:"):
-                    rss += int(line.split()[1]) / 1024
-        except OSError:  # gone, or not ours
-            continue
-    return pss, rss
-
-
-class PeakSampler(threading.Thread):
-    """Samples the memory of a process tree (marked by an environment value) until stopped."""
-
-    def __init__(self, marker: str) -> None:
-        super().__init__(daemon=True)
-        self.marker, self.peak_pss, self.peak_rss = marker, 0.0, 0.0
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        while not self.done.wait(0.2):
-            pss, rss = _tree_memory(self.marker)
-            self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
 
 
 # ------------------------------------------------------------------ the two paths

@@ -34,14 +34,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
+
 from app.local.simulation import FINISHED_OK, LocalSimulation  # noqa: E402
-from bench.common import QUICK_RESULTS, SHARED_DATA, RunLog, interval, machine, read_records  # noqa: E402
+from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, interval, machine, read_records  # noqa: E402
 from clients.meta import finite_difference_hvp, hessian_vector_product, meta_gradient  # noqa: E402
 from clients.models import build_model  # noqa: E402
 from clients.training import axpy, gradient, model_loss, to_tensor  # noqa: E402

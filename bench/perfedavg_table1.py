@@ -27,7 +27,6 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -36,12 +35,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
 
 from app.config import parse_settings  # noqa: E402
 from app.local.simulation import LocalSimulation  # noqa: E402
-from bench.common import QUICK_RESULTS, interval, read_records  # noqa: E402
+from bench.harness import QUICK_RESULTS, REPO, interval, read_records  # noqa: E402
 from clients.meta import meta_gradient  # noqa: E402
 from clients.models import build_model  # noqa: E402
 from clients.perfedavg import PerFedAvgClient  # noqa: E402

@@ -17,14 +17,14 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
 
 from app.local.simulation import LocalSimulation  # noqa: E402
+from bench.harness import REPO  # noqa: E402
 
 SIZES = (10, 50, 105)
 FEMNIST = Path(os.environ.get("STAMEN_SHARED_DATA", REPO.parent / "shared" / "data")) / "femnist-leaf"

@@ -37,14 +37,11 @@ import math
 import os
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 # One BLAS thread per run, set before numpy loads: the server's update-norm screen is a float64 np.dot per reply,
 # and OpenBLAS's threads spinning on a busy 2-core machine made it 12x slower (13 ms a reply against 1 ms).
 for _blas in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -53,7 +50,10 @@ for _blas in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays  # noqa: E402
 
-from bench.common import QUICK_RESULTS, SHARED_DATA, machine  # noqa: E402
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
+
+from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, machine  # noqa: E402
 from strategies.contracts.payload import LAYOUT, MODEL, pack, unpack  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"

@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
 
-from bench.common import QUICK_RESULTS, SHARED_DATA, machine  # noqa: E402
+from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, machine  # noqa: E402
 from bench.personalised_table import DATASETS, SHARED  # noqa: E402
 from bench.tuned_table import run_config  # noqa: E402
 from strategies.screening import update_norm  # noqa: E402

@@ -29,17 +29,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
 
 from app.local.simulation import LocalSimulation  # noqa: E402
-from bench.common import QUICK_RESULTS, RunLog, machine, read_records  # noqa: E402
-from bench.overhead import PeakSampler  # noqa: E402
+from bench.harness import QUICK_RESULTS, REPO, RunLog, machine, read_records  # noqa: E402
+from bench.samplers import PeakSampler  # noqa: E402
 
 SIZES = (100, 300, 1000)
 PER_ROUND, EVAL_SAMPLE, ROUNDS = 10, 20, 5

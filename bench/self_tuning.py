@@ -48,16 +48,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
 
 from app.local.simulation import LocalSimulation  # noqa: E402
-from bench.common import QUICK_RESULTS, SHARED_DATA, interval, machine, read_records  # noqa: E402
+from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, interval, machine, read_records  # noqa: E402
 from bench.perfedavg_table1 import NUM_USERS, Row, run_config  # noqa: E402
 
 ROW = Row(10, 0.01)

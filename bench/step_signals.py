@@ -30,12 +30,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
 
 from app.local.inprocess import InProcessRun  # noqa: E402
-from bench.common import SHARED_DATA, machine  # noqa: E402
 from bench.fathom_vs_fedavg import PROBE, Start, run_config  # noqa: E402
+from bench.harness import REPO, SHARED_DATA, machine  # noqa: E402
 from clients.models import build_model  # noqa: E402
 from clients.training import axpy, gradient, model_loss, to_tensor  # noqa: E402
 from datasets.leaf import load_femnist  # noqa: E402

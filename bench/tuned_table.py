@@ -40,11 +40,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
 
 from app.config import parse_settings  # noqa: E402
-from bench.common import QUICK_RESULTS, SHARED_DATA, RunLog, interval, machine  # noqa: E402
+from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, interval, machine  # noqa: E402
 from bench.personalised_table import DATASETS, Dataset, base_config, image_folder, own_keys, tied_steps  # noqa: E402
 
 CONFIGS = 8  # per method and dataset, B7's shared setting included

@@ -34,18 +34,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
 import clients.base  # noqa: E402
 import clients.training  # noqa: E402
-from bench.common import QUICK_RESULTS, SHARED_DATA, RunLog, machine  # noqa: E402
+
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
+
+from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, machine  # noqa: E402
 from bench.personalised_table import DATASETS  # noqa: E402
 from bench.tuned_table import KEY_FIELDS, keys_of, run_config  # noqa: E402
 

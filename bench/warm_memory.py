@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
+    import harness  # noqa: F401
 
 from app.local.deployment import LocalDeployment  # noqa: E402
 from app.local.simulation import FINISHED_OK  # noqa: E402
 from app.warm_exec import TASK_NAME  # noqa: E402
-from bench.deploy_cost import MemorySampler, _memory, _stat, _trees  # noqa: E402
+from bench.harness import REPO  # noqa: E402
+from bench.samplers import MemorySampler, process_memory, process_stat, process_trees  # noqa: E402
 
 MODELS = ("cnn-small", "fedavg-cnn")
 ROLES = ("supernode", "superexec", "fork server", "task child")
@@ -38,7 +38,7 @@ def role_of(pid: int, root: int, tree: set[int]) -> str:
     try:
         comm = Path(f"/proc/{pid}/comm").read_bytes().strip()
         command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        parent = int(_stat(pid)[1])
+        parent = int(process_stat(pid)[1])
     except (OSError, ValueError, IndexError):
         return ""
     if comm == TASK_NAME:
@@ -60,10 +60,10 @@ class RoleSampler(MemorySampler):
 
     def _run(self) -> None:
         while not self.stop.wait(SAMPLE_EVERY_S):
-            for root, tree in _trees(self.roots).items():
+            for root, tree in process_trees(self.roots).items():
                 total = {"pss": 0.0, "rss": 0.0}
                 for pid in tree:
-                    role, memory = role_of(pid, root, tree), _memory(pid)
+                    role, memory = role_of(pid, root, tree), process_memory(pid)
                     for measure, value in memory.items():
                         total[measure] += value
                         if role:

@@ -15,7 +15,7 @@ import pytest
 
 from app.config import parse_settings
 from app.registry import METHODS
-from bench.common import RunLog
+from bench.harness import RunLog
 from bench.personalised_table import DATASETS, own_keys
 from bench.tuned_table import (
     CONFIGS,

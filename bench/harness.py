@@ -1,6 +1,9 @@
-"""What the benchmark scripts share: intervals over seeds, a resumable run log, run records.
+"""What every benchmark script shares: the repository on ``sys.path``, a resumable run log, intervals, run records.
 
-Import it after putting the repository on ``sys.path`` (the scripts do so first).
+A script runs as ``python bench/<script>.py``: Python puts ``bench/`` on ``sys.path``, so the
+script's first lines import this module as ``harness``, which puts the repository there
+too (the one place that does); from then on the script imports ``bench.harness``, ``app``
+and the rest as the tests import them.
 """
 
 from __future__ import annotations
@@ -9,9 +12,12 @@ import json
 import math
 import platform
 import statistics
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # this checkout's code, never an installed copy of stamen
+    sys.path.insert(0, str(REPO))
 SHARED_DATA = REPO.parent / "shared" / "data"
 QUICK_RESULTS = REPO / "bench" / "results" / "quick"  # --quick runs write here: git-ignored, never committed
 # Student t quantiles, df = seeds - 1

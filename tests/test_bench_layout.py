@@ -1,0 +1,69 @@
+"""bench/'s layout: one file puts the repository on sys.path, and scripts import only the shared modules."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+# imports of one script by another that are still to be moved into a shared module (issue 52): none may be added
+STILL_TO_MOVE = {
+    ("cifar_table", "personalised_table"),
+    ("honest_screen", "cifar_table"),
+    ("honest_screen", "perfedavg_table1"),
+    ("honest_screen", "personalised_table"),
+    ("scaffold_plateau", "personalised_table"),
+    ("scaffold_plateau", "tuned_table"),
+    ("self_tuning", "perfedavg_table1"),
+    ("step_signals", "fathom_vs_fedavg"),
+    ("tuned_table", "personalised_table"),
+    ("unseen_classes", "personalised_table"),
+    ("unseen_classes", "tuned_table"),
+}
+
+
+def is_script(tree: ast.Module) -> bool:
+    """Whether a module is run (it has ``if __name__ == "__main__"``) rather than only imported."""
+    return any(isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) for node in tree.body)
+
+
+def trees() -> dict[str, ast.Module]:
+    return {path.stem: ast.parse(path.read_text(), filename=str(path)) for path in sorted(BENCH.glob("*.py"))}
+
+
+def bench_imports(tree: ast.Module) -> set[str]:
+    """The bench modules a module imports, at any depth (``bench.x`` and, run as a script, ``x``)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            found.add(parts[1] if parts[0] == "bench" and len(parts) > 1 else parts[0])
+    return found
+
+
+def test_no_script_imports_another_script():
+    modules = trees()
+    scripts = {name for name, tree in modules.items() if is_script(tree)}
+    assert "harness" in modules and "harness" not in scripts
+    imported = {(name, other) for name in scripts for other in bench_imports(modules[name]) & scripts}
+    assert imported - STILL_TO_MOVE == set(), "a script imports another: move what they share to a shared module"
+    assert STILL_TO_MOVE - imported == set(), "moved: take it off STILL_TO_MOVE"
+
+
+def test_one_file_puts_the_repository_on_sys_path():
+    inserting = sorted(name for name, tree in trees().items()
+                       if any(isinstance(node, ast.Call) and ast.unparse(node.func) == "sys.path.insert"
+                              for node in ast.walk(tree)))  # fmt: skip
+    assert inserting == ["harness"]
+
+
+def test_every_script_bootstraps_through_the_harness():
+    for name, tree in trees().items():
+        if is_script(tree) and bench_imports(tree) & {"app", "bench", "clients", "datasets", "strategies"}:
+            assert "harness" in bench_imports(tree), f"bench/{name}.py: run as a script it cannot import the repository"
