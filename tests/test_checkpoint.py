@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import REPO
 from flwr.common import parameters_to_ndarrays
-from test_diffusion import K, federation, make_strategy, settings_for
+from helpers import K, diffusion_strategy, federation, settings_for
 
 from app.config import ConfigError, parse_settings
 from app.local.simulation import LocalSimulation
@@ -100,14 +100,14 @@ def test_diffusion_resumed_from_a_checkpoint_matches_the_uninterrupted_run():
     settings = settings_for(mode="diffusion", graph="ring", participation=0.5, neighbour_probability=0.7, rounds=5,
                             checkpoint_every=2)  # fmt: skip
     manager, _ = federation(settings)
-    whole, _, whole_recorder = make_strategy(settings)
+    whole, _, whole_recorder = diffusion_strategy(settings)
     final = play(whole, manager, 5)
     assert [c.round for c in whole_recorder.checkpoints] == [2, 4, 5]
     at_two = whole_recorder.checkpoints[0]
     assert at_two.arrays["diffusion/agents"].shape == (K, 10)
 
     manager, _ = federation(settings)  # a fresh federation: new processes, same partitions
-    again, _, recorder = make_strategy(settings)
+    again, _, recorder = diffusion_strategy(settings)
     continued = ContinuedRun(strategy=again, checkpoint=at_two)
     assert continued.remaining_rounds == 3
     resumed_final = play(continued, manager, 3)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from conftest import regression_data, settings
-from test_personal_layers import toy_client
+from helpers import toy_client
 
 from clients.apfl import LOCAL_MODEL, ApflClient
 from clients.base import PERSONAL_LAYERS

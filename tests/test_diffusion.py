@@ -4,86 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import OK, FakeProxy, settings
-from flwr.common import EvaluateRes, FitRes, GetPropertiesRes, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server.client_manager import SimpleClientManager
+from flwr.common import parameters_to_ndarrays
+from helpers import K, federation, settings_for
+from helpers import diffusion_strategy as make_strategy
 
 from app.config import ConfigError, check_on_server
-from clients.diffusion import DiffusionClient
-from clients.models import build_model
-from datasets import load_client_data
 from datasets.least_squares import least_squares_optimum
 from strategies.combinations import combination_matrix
-from strategies.contracts.diffusion import DiffusionSettings
-from strategies.diffusion import Diffusion
 from strategies.graphs import make_graph
-from strategies.recorder import NullRecorder
-
-K = 4
-DIFFUSION_KEYS = {spec.field for spec in DiffusionSettings.key_specs()}
-
-
-class LocalProxy(FakeProxy):
-    """A node whose messages are answered in this process by a real client."""
-
-    def __init__(self, cid: str, client, *, broken: str = "") -> None:
-        super().__init__(cid, partition=client.partition_id)
-        self.client, self.broken = client, broken
-
-    def get_properties(self, ins, timeout, group_id):
-        return GetPropertiesRes(OK, self.client.get_properties(ins.config))
-
-    def fit(self, ins, timeout, group_id):
-        if self.broken == "raise":
-            raise RuntimeError("client crashed")
-        arrays, num, metrics = self.client.fit(parameters_to_ndarrays(ins.parameters), ins.config)
-        if self.broken == "nan":
-            arrays = [np.full_like(a, np.nan) for a in arrays]
-        return FitRes(OK, ndarrays_to_parameters(arrays), num, metrics)
-
-    def evaluate(self, ins, timeout, group_id):
-        loss, num, metrics = self.client.evaluate(parameters_to_ndarrays(ins.parameters), ins.config)
-        return EvaluateRes(OK, loss, num, metrics)
-
-
-def settings_for(rounds=3, **overrides):
-    """Least squares on K agents; diffusion's own keys may be given without their prefix (``mode="fedsgd"``)."""
-    config = {"strategy": "diffusion", "dataset": "least-squares", "model": "linear", "partitioner": "natural",
-              "synthetic_alpha": 1.0, "synthetic_beta": 0.5, "batch_size": 200, "local_steps": 1, "mu": 0.1,
-              "mode": "fedsgd", "num_server_rounds": rounds, "eval_every": 1, "min_available_clients": K,
-              **overrides}  # fmt: skip
-    return settings(**{f"diffusion_{k}" if k in DIFFUSION_KEYS else k: v for k, v in config.items()})
-
-
-def federation(settings, *, broken: dict[int, str] | None = None, own_data: bool = False):
-    """K real clients behind in-process proxies, registered with a client manager (node i = agent K-1-i).
-
-    ``own_data``: the clients are devices with their own data (``data-dir``), no partition number.
-    """
-    manager = SimpleClientManager()
-    data, proxies = [], []
-    for node in range(K):
-        agent = K - 1 - node  # node ids and agents deliberately differ
-        part = load_client_data(settings.data_spec(K), settings.partition_spec(K), agent)
-        model = build_model("linear", input_shape=(10,), num_classes=0, seed=settings.run.seed)
-        place = {"partition_id": -1, "num_partitions": 0, "data_dir": f"/device-{agent}"} if own_data else {
-            "partition_id": agent, "num_partitions": K}  # fmt: skip
-        client = DiffusionClient(model=model, data=part, settings=settings, **place)
-        # devices without a number are numbered by node id (never by a string they send): node id = agent there
-        proxy = LocalProxy(f"node-{agent if own_data else node}", client, broken=(broken or {}).get(agent, ""))
-        manager.register(proxy)
-        data.append((agent, part))
-        proxies.append(proxy)
-    data.sort(key=lambda item: item[0])
-    return manager, [d for _, d in data]
-
-
-def make_strategy(settings):
-    model = build_model("linear", input_shape=(10,), num_classes=0, seed=settings.run.seed)
-    initial = [v.detach().numpy() for v in model.state_dict().values()]
-    recorder = NullRecorder()
-    strategy = Diffusion(settings=settings, initial_parameters=ndarrays_to_parameters(initial), recorder=recorder)
-    return strategy, initial[0].ravel().astype(np.float64), recorder
 
 
 def gradient(part, w):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import REPO, settings
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
-from test_strategy_base import arrays, fit_res, make_strategy
+from helpers import arrays, fit_res, stand_in_fedavg
 
 from app.local.simulation import FINISHED_OK, LocalSimulation
 from strategies.base import RunDivergedError
@@ -23,7 +23,7 @@ def play_round(strategy, manager, proxies, server_round, value):
 
 
 def test_three_rounds_of_non_finite_replies_stop_the_run_with_the_last_good_model():
-    strategy, manager, proxies, recorder = make_strategy(num_rounds=10, eval_every=100, clients=3)
+    strategy, manager, proxies, recorder = stand_in_fedavg(num_rounds=10, eval_every=100, clients=3)
     play_round(strategy, manager, proxies, 1, 1.0)
     play_round(strategy, manager, proxies, 2, 2.0)  # its model (all 2.0) is what rounds 3-5 are sent
     play_round(strategy, manager, proxies, 3, np.nan)
@@ -41,11 +41,11 @@ def test_three_rounds_of_non_finite_replies_stop_the_run_with_the_last_good_mode
 
 
 def test_a_finite_round_resets_the_count_and_zero_never_stops():
-    strategy, manager, proxies, recorder = make_strategy(num_rounds=6, eval_every=100, clients=2)
+    strategy, manager, proxies, recorder = stand_in_fedavg(num_rounds=6, eval_every=100, clients=2)
     for server_round, value in enumerate((np.nan, np.nan, 1.0, np.nan, np.nan, 1.0), start=1):
         play_round(strategy, manager, proxies, server_round, value)
     assert recorder.summary["status"] == "completed"
-    never, manager, proxies, recorder = make_strategy(num_rounds=5, eval_every=100, clients=2, stop_after_nonfinite=0)
+    never, manager, proxies, recorder = stand_in_fedavg(num_rounds=5, eval_every=100, clients=2, stop_after_nonfinite=0)
     for server_round in range(1, 6):
         play_round(never, manager, proxies, server_round, np.nan)
     assert recorder.summary["status"] == "completed" and never.nonfinite_rounds == 5
@@ -76,7 +76,8 @@ def test_update_norm_and_the_outsized_rule():
 
 
 def test_a_finite_but_outsized_reply_is_rejected_and_the_rest_averaged():
-    strategy, manager, proxies, recorder = make_strategy(num_rounds=2, eval_every=100, clients=4, max_update_ratio=10.0)
+    strategy, manager, proxies, recorder = stand_in_fedavg(num_rounds=2, eval_every=100, clients=4,
+                                                           max_update_ratio=10.0)  # fmt: skip
     strategy.configure_fit(1, strategy.global_parameters, manager)
     values = (1.0, 1.1, 0.9, 1e4)  # the last is finite, and would move the average to 2501
     replies = [(p, fit_res(arrays(v), 10)) for p, v in zip(proxies, values, strict=True)]
@@ -88,7 +89,7 @@ def test_a_finite_but_outsized_reply_is_rejected_and_the_rest_averaged():
 
 
 def test_hf_on_a_relu_model_is_named_as_the_likely_cause():
-    from test_strategy_base import SHAPES  # noqa: F401  (the shapes the stand-in replies have)
+    from helpers import SHAPES  # noqa: F401  (the shapes the stand-in replies have)
 
 
     run = settings(strategy="perfedavg", model="cnn-small", dataset="mnist-5k")

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from conftest import settings
 from flwr.common import parameters_to_ndarrays
-from test_fedrep import BODY, HEAD, blobs, sgd_on
+from helpers import BODY, HEAD, blobs, sgd_on
 
 from app.local.inprocess import InProcessRun
 from clients.base import PERSONAL_LAYERS

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import settings
 from flwr.common import parameters_to_ndarrays
-from test_fedrep import blobs
+from helpers import blobs
 from torch.nn import functional as F
 
 from app.config import ConfigError, check_model, parse_settings

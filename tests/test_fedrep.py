@@ -7,38 +7,13 @@ import pytest
 import torch
 from conftest import settings
 from flwr.common import parameters_to_ndarrays
-from torch.nn import functional as F
+from helpers import BODY, HEAD, blobs, sgd_on
 
 from app.config import ConfigError, check_model, main, parse_settings
 from app.local.inprocess import InProcessRun, build_clients
 from clients.base import PERSONAL_LAYERS
 from clients.fedrep import FedRepClient
 from clients.models import build_model
-from datasets import ClientData
-
-HEAD = ("layers.5.weight", "layers.5.bias")
-BODY = ("layers.1.weight", "layers.1.bias", "layers.3.weight", "layers.3.bias")
-
-
-def blobs(n=40, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, 2)).astype(np.float32)
-    y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(np.int64)
-    return ClientData(x, y, x[:10], y[:10], num_classes=2)
-
-
-def mlp_loss(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The MLP's cross-entropy written out: 2 -> 80 -> 60 -> 2 with ELU."""
-    hidden = F.elu(x @ params["layers.1.weight"].T + params["layers.1.bias"])
-    hidden = F.elu(hidden @ params["layers.3.weight"].T + params["layers.3.bias"])
-    return F.cross_entropy(hidden @ params["layers.5.weight"].T + params["layers.5.bias"], y)
-
-
-def sgd_on(params: dict[str, torch.Tensor], names: tuple[str, ...], x, y, lr: float) -> dict[str, torch.Tensor]:
-    """One full-batch step on ``names`` alone, the other parameters held."""
-    leaves = {k: v.clone().requires_grad_(k in names) for k, v in params.items()}
-    grads = torch.autograd.grad(mlp_loss(leaves, x, y), [leaves[k] for k in names])
-    return {**params, **{k: params[k] - lr * g for k, g in zip(names, grads, strict=True)}}
 
 
 def test_a_head_step_then_a_body_step_match_an_independent_computation():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import settings
-from test_fedrep import blobs
+from helpers import blobs
 from torch.nn import functional as F
 
 from clients.fedavg import FedAvgClient

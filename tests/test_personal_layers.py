@@ -11,67 +11,20 @@ from typing import ClassVar
 import numpy as np
 import pytest
 import torch
-from conftest import OK, FakeProxy, settings
+from conftest import OK, FakeProxy
 from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
+from helpers import MLP_NAMES, TOYP, ToyPersonal, ToyPersonalSettings, mlp, toy_client, toy_settings
 
 from app.config import check_model, parse_settings
 from app.registry import CONTRACTS
-from clients.base import PERSONAL_LAYERS, TorchClient
+from clients.base import PERSONAL_LAYERS
 from clients.models import build_model
 from clients.training import train_steps
-from datasets import ClientData
-from strategies.base import FederatedStrategy
 from strategies.contracts.contract import Contract, MethodSettings
-from strategies.contracts.keys import ConfigError, key
+from strategies.contracts.keys import ConfigError
 from strategies.contracts.models import ModelLayout
 from strategies.contracts.personal import LastLayers, layers_of
-
-MLP_NAMES = ["layers.1.weight", "layers.1.bias", "layers.3.weight", "layers.3.bias", "layers.5.weight", "layers.5.bias"]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ToyPersonalSettings(MethodSettings):
-    prefix: ClassVar[str] = "toyp"
-
-    personal_layers: int = key(1, "the model's last layers kept on the client", at_least=1)
-
-
-TOYP = Contract(name="toyp", summary="keeps the head at home", settings=ToyPersonalSettings,
-                uses=("lr", "local-steps", "batch-size"), personal=LastLayers("toyp-personal-layers"))  # fmt: skip
-
-
-class ToyPersonal(FederatedStrategy):
-    contract = TOYP
-
-
-class ToyPersonalClient(TorchClient):
-    contract = TOYP
-
-    def local_train(self, training, method, rng):
-        return self.local_sgd(training, rng)
-
-
-def toy_settings(**config):
-    base = settings(strategy="fedavg", model="mlp", lr=0.5, local_steps=3, batch_size=8, fraction_fit=1.0,
-                    min_fit_clients=1, min_available_clients=1, preflight=False, device="cpu",
-                    adapt_steps=0)  # fmt: skip
-    return dataclasses.replace(base, method=ToyPersonalSettings(**config))
-
-
-def mlp():
-    return build_model("mlp", input_shape=(2,), num_classes=2, seed=0)
-
-
-def toy_client(state=None, partition=0):
-    rng = np.random.default_rng(partition)
-    x = rng.normal(size=(40, 2)).astype(np.float32)
-    y = (x[:, 0] > 0).astype(np.int64)
-    data = ClientData(x, y, x[:10], y[:10], num_classes=2)
-    client = ToyPersonalClient(model=mlp(), data=data, settings=toy_settings(), partition_id=partition)
-    if state is not None:
-        client.state = state
-    return client
 
 
 def test_the_rule_picks_the_last_layers_by_name_and_keeps_one_shared():

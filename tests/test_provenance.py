@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 from conftest import REPO, FakeProxy, settings, started_by_this_session
 from flwr.common import GetPropertiesIns, GetPropertiesRes
 from flwr.server.client_manager import SimpleClientManager
+from helpers import PACKAGES, change_a_function, copy_of_the_code
 
 import app.workdir as workdir
 from app.config import ConfigError, check_on_server
@@ -32,20 +32,7 @@ from strategies.contracts.code import CODE_FILES, code_fingerprint, code_identit
 from strategies.nodes import NodeDirectory
 from strategies.preflight import MixedCodeError, PreflightError, connected, preflight
 
-PACKAGES = ("app", "clients", "strategies", "datasets")
 ELSEWHERE = {"code-fingerprint": "f" * 64, "code-location": "/elsewhere/stamen"}
-
-
-def copy_of_the_code(to: Path) -> Path:
-    for package in PACKAGES:
-        shutil.copytree(REPO / package, to / package, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "pyproject.toml", to / "pyproject.toml")
-    return to
-
-
-def change_a_function(root: Path) -> None:
-    path = root / "clients" / "training.py"
-    path.write_text(path.read_text() + "\n\ndef a_changed_function() -> int:\n    return 1\n")
 
 
 # ------------------------------------------------------------------------------------ the code fingerprint

@@ -16,8 +16,8 @@ from importlib import metadata
 
 import pytest
 from conftest import REPO
+from helpers import PACKAGES
 from selection import TRANSPORT_METHODS, selected_runs
-from test_provenance import PACKAGES
 
 from app.local.simulation import LocalSimulation
 from app.registry import METHODS

@@ -3,39 +3,18 @@ import pytest
 from conftest import OK, FakeProxy, settings
 from flwr.common import EvaluateRes, FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
+from helpers import SHAPES, arrays, fit_res
+from helpers import stand_in_fedavg as make_strategy
 
 from strategies.contracts.code import code_identity
 from strategies.contracts.common import FIT_METRICS
 from strategies.fedavg import FedAvg
 from strategies.perfedavg import PerFedAvg
-from strategies.recorder import NullRecorder
 from strategies.records import progress_line
 from strategies.screening import evaluate_reply_problem, fit_reply_problem
 from strategies.summaries import summarise, weighted_mean
 
-SHAPES = [(2, 3), (3,)]
 SPECS = {m.name: m for m in FIT_METRICS}
-
-
-def arrays(value):
-    return [np.full(s, value, dtype=np.float32) for s in SHAPES]
-
-
-def fit_res(params, n, **metrics):
-    return FitRes(OK, ndarrays_to_parameters(params), n, {"train-loss": 0.5, "grad-evals": 4, **metrics})
-
-
-def make_strategy(num_rounds=3, eval_every=2, clients=4, **config):
-    recorder = NullRecorder()
-    config = {"preflight": False, "aggregation": "examples", **config}
-    run = settings(strategy="fedavg", num_server_rounds=num_rounds, eval_every=eval_every, lr=0.1, fraction_fit=1.0,
-                   min_fit_clients=1, min_available_clients=1, **config)  # fmt: skip
-    strategy = FedAvg(settings=run, initial_parameters=ndarrays_to_parameters(arrays(0.0)), recorder=recorder)
-    manager = SimpleClientManager()
-    proxies = [FakeProxy(str(i)) for i in range(clients)]
-    for proxy in proxies:
-        manager.register(proxy)
-    return strategy, manager, proxies, recorder
 
 
 def test_bad_replies_are_rejected_and_the_rest_averaged_exactly():

@@ -14,7 +14,7 @@ import json
 
 import pytest
 from conftest import REPO
-from test_provenance import change_a_function, copy_of_the_code
+from helpers import change_a_function, copy_of_the_code
 
 from app.local.simulation import LocalSimulation
 from app.workdir import KEEP_WORKDIR

@@ -1,0 +1,218 @@
+"""What several test modules share: small data, stand-in strategies and federations, copies of the code.
+
+A test module imports these from here, never from another test module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import torch
+from conftest import OK, REPO, FakeProxy, settings
+from flwr.common import EvaluateRes, FitRes, GetPropertiesRes, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_manager import SimpleClientManager
+from torch.nn import functional as F
+
+from clients.base import TorchClient
+from clients.diffusion import DiffusionClient
+from clients.models import build_model
+from datasets import ClientData, load_client_data
+from strategies.base import FederatedStrategy
+from strategies.contracts.contract import Contract, MethodSettings
+from strategies.contracts.diffusion import DiffusionSettings
+from strategies.contracts.keys import key
+from strategies.contracts.personal import LastLayers
+from strategies.diffusion import Diffusion
+from strategies.fedavg import FedAvg
+from strategies.recorder import NullRecorder
+
+# ------------------------------------------------------------------ a two-class MLP on blobs (FedRep, FedPer)
+
+HEAD = ("layers.5.weight", "layers.5.bias")
+BODY = ("layers.1.weight", "layers.1.bias", "layers.3.weight", "layers.3.bias")
+
+
+def blobs(n=40, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 2)).astype(np.float32)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(np.int64)
+    return ClientData(x, y, x[:10], y[:10], num_classes=2)
+
+
+def mlp_loss(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The MLP's cross-entropy written out: 2 -> 80 -> 60 -> 2 with ELU."""
+    hidden = F.elu(x @ params["layers.1.weight"].T + params["layers.1.bias"])
+    hidden = F.elu(hidden @ params["layers.3.weight"].T + params["layers.3.bias"])
+    return F.cross_entropy(hidden @ params["layers.5.weight"].T + params["layers.5.bias"], y)
+
+
+def sgd_on(params: dict[str, torch.Tensor], names: tuple[str, ...], x, y, lr: float) -> dict[str, torch.Tensor]:
+    """One full-batch step on ``names`` alone, the other parameters held."""
+    leaves = {k: v.clone().requires_grad_(k in names) for k, v in params.items()}
+    grads = torch.autograd.grad(mlp_loss(leaves, x, y), [leaves[k] for k in names])
+    return {**params, **{k: params[k] - lr * g for k, g in zip(names, grads, strict=True)}}
+
+
+# ------------------------------------------------------------------ copies of the code (provenance)
+
+PACKAGES = ("app", "clients", "strategies", "datasets")
+
+
+def copy_of_the_code(to: Path) -> Path:
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, to / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", to / "pyproject.toml")
+    return to
+
+
+def change_a_function(root: Path) -> None:
+    path = root / "clients" / "training.py"
+    path.write_text(path.read_text() + "\n\ndef a_changed_function() -> int:\n    return 1\n")
+
+
+# ------------------------------------------------------------------ FedAvg on stand-in replies
+
+SHAPES = [(2, 3), (3,)]
+
+
+def arrays(value):
+    return [np.full(s, value, dtype=np.float32) for s in SHAPES]
+
+
+def fit_res(params, n, **metrics):
+    return FitRes(OK, ndarrays_to_parameters(params), n, {"train-loss": 0.5, "grad-evals": 4, **metrics})
+
+
+def stand_in_fedavg(num_rounds=3, eval_every=2, clients=4, **config):
+    recorder = NullRecorder()
+    config = {"preflight": False, "aggregation": "examples", **config}
+    run = settings(strategy="fedavg", num_server_rounds=num_rounds, eval_every=eval_every, lr=0.1, fraction_fit=1.0,
+                   min_fit_clients=1, min_available_clients=1, **config)  # fmt: skip
+    strategy = FedAvg(settings=run, initial_parameters=ndarrays_to_parameters(arrays(0.0)), recorder=recorder)
+    manager = SimpleClientManager()
+    proxies = [FakeProxy(str(i)) for i in range(clients)]
+    for proxy in proxies:
+        manager.register(proxy)
+    return strategy, manager, proxies, recorder
+
+
+# ------------------------------------------------------------------ Diffusion on least squares, K real clients
+
+K = 4
+DIFFUSION_KEYS = {spec.field for spec in DiffusionSettings.key_specs()}
+
+
+class LocalProxy(FakeProxy):
+    """A node whose messages are answered in this process by a real client."""
+
+    def __init__(self, cid: str, client, *, broken: str = "") -> None:
+        super().__init__(cid, partition=client.partition_id)
+        self.client, self.broken = client, broken
+
+    def get_properties(self, ins, timeout, group_id):
+        return GetPropertiesRes(OK, self.client.get_properties(ins.config))
+
+    def fit(self, ins, timeout, group_id):
+        if self.broken == "raise":
+            raise RuntimeError("client crashed")
+        arrays, num, metrics = self.client.fit(parameters_to_ndarrays(ins.parameters), ins.config)
+        if self.broken == "nan":
+            arrays = [np.full_like(a, np.nan) for a in arrays]
+        return FitRes(OK, ndarrays_to_parameters(arrays), num, metrics)
+
+    def evaluate(self, ins, timeout, group_id):
+        loss, num, metrics = self.client.evaluate(parameters_to_ndarrays(ins.parameters), ins.config)
+        return EvaluateRes(OK, loss, num, metrics)
+
+
+def settings_for(rounds=3, **overrides):
+    """Least squares on K agents; diffusion's own keys may be given without their prefix (``mode="fedsgd"``)."""
+    config = {"strategy": "diffusion", "dataset": "least-squares", "model": "linear", "partitioner": "natural",
+              "synthetic_alpha": 1.0, "synthetic_beta": 0.5, "batch_size": 200, "local_steps": 1, "mu": 0.1,
+              "mode": "fedsgd", "num_server_rounds": rounds, "eval_every": 1, "min_available_clients": K,
+              **overrides}  # fmt: skip
+    return settings(**{f"diffusion_{k}" if k in DIFFUSION_KEYS else k: v for k, v in config.items()})
+
+
+def federation(settings, *, broken: dict[int, str] | None = None, own_data: bool = False):
+    """K real clients behind in-process proxies, registered with a client manager (node i = agent K-1-i).
+
+    ``own_data``: the clients are devices with their own data (``data-dir``), no partition number.
+    """
+    manager = SimpleClientManager()
+    data, proxies = [], []
+    for node in range(K):
+        agent = K - 1 - node  # node ids and agents deliberately differ
+        part = load_client_data(settings.data_spec(K), settings.partition_spec(K), agent)
+        model = build_model("linear", input_shape=(10,), num_classes=0, seed=settings.run.seed)
+        place = {"partition_id": -1, "num_partitions": 0, "data_dir": f"/device-{agent}"} if own_data else {
+            "partition_id": agent, "num_partitions": K}  # fmt: skip
+        client = DiffusionClient(model=model, data=part, settings=settings, **place)
+        # devices without a number are numbered by node id (never by a string they send): node id = agent there
+        proxy = LocalProxy(f"node-{agent if own_data else node}", client, broken=(broken or {}).get(agent, ""))
+        manager.register(proxy)
+        data.append((agent, part))
+        proxies.append(proxy)
+    data.sort(key=lambda item: item[0])
+    return manager, [d for _, d in data]
+
+
+def diffusion_strategy(settings):
+    model = build_model("linear", input_shape=(10,), num_classes=0, seed=settings.run.seed)
+    initial = [v.detach().numpy() for v in model.state_dict().values()]
+    recorder = NullRecorder()
+    strategy = Diffusion(settings=settings, initial_parameters=ndarrays_to_parameters(initial), recorder=recorder)
+    return strategy, initial[0].ravel().astype(np.float64), recorder
+
+
+# ------------------------------------------------------------------ a toy method that keeps the MLP's head home
+
+MLP_NAMES = ["layers.1.weight", "layers.1.bias", "layers.3.weight", "layers.3.bias", "layers.5.weight", "layers.5.bias"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ToyPersonalSettings(MethodSettings):
+    prefix: ClassVar[str] = "toyp"
+
+    personal_layers: int = key(1, "the model's last layers kept on the client", at_least=1)
+
+
+TOYP = Contract(name="toyp", summary="keeps the head at home", settings=ToyPersonalSettings,
+                uses=("lr", "local-steps", "batch-size"), personal=LastLayers("toyp-personal-layers"))  # fmt: skip
+
+
+class ToyPersonal(FederatedStrategy):
+    contract = TOYP
+
+
+class ToyPersonalClient(TorchClient):
+    contract = TOYP
+
+    def local_train(self, training, method, rng):
+        return self.local_sgd(training, rng)
+
+
+def toy_settings(**config):
+    base = settings(strategy="fedavg", model="mlp", lr=0.5, local_steps=3, batch_size=8, fraction_fit=1.0,
+                    min_fit_clients=1, min_available_clients=1, preflight=False, device="cpu",
+                    adapt_steps=0)  # fmt: skip
+    return dataclasses.replace(base, method=ToyPersonalSettings(**config))
+
+
+def mlp():
+    return build_model("mlp", input_shape=(2,), num_classes=2, seed=0)
+
+
+def toy_client(state=None, partition=0):
+    rng = np.random.default_rng(partition)
+    x = rng.normal(size=(40, 2)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    data = ClientData(x, y, x[:10], y[:10], num_classes=2)
+    client = ToyPersonalClient(model=mlp(), data=data, settings=toy_settings(), partition_id=partition)
+    if state is not None:
+        client.state = state
+    return client
