@@ -6,8 +6,8 @@ from pathlib import Path
 
 from app.config.keys import app_keys, ignored_keys, ignored_keys_line
 from app.config.parse import parse_settings
-from app.config.rules import check_on_server
 from app.config.run_config_text import app_run_config, check_overrides, run_config_from_text
+from app.config.server_rules import check_on_server
 from strategies.contracts.keys import ConfigError
 
 

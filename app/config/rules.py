@@ -1,14 +1,13 @@
 """Every rule between keys of different groups, each a small function naming the keys it reads.
 
 A key's own range and choices, and the rules among one group's keys, are declared with
-the key (``strategies/contracts/``). What spans groups is here, in the order it is checked:
+the key (``strategies/contracts/``). What spans groups is :data:`RULES`, in the order it
+is checked, on every process that parses the run config (:func:`app.config.parse_settings`,
+so the server and every SuperNode), before any data is loaded or any model is built.
 
-- :data:`RULES`: on every process that parses the run config (:func:`app.config.parse_settings`,
-  so the server and every SuperNode), before any data is loaded or any model is built;
-- :data:`MODEL_RULES`: the method against the run's model (:func:`check_model`), after the
-  inputs against the data's shape (:func:`check_inputs`) where the model is built here;
-- :func:`check_on_server`: what only the server checks, once, before the run's folder
-  exists: the files only it reads, the model rules, ``resume-from``.
+Beside them, :mod:`app.config.server_rules` holds what only the server checks, once,
+before the run's folder exists: the files only it reads, the rules against the run's
+model (``MODEL_RULES``), ``resume-from``.
 
 Every rule raises :class:`ConfigError` naming a key, the bad value and what is allowed. A
 method's own rules against the shared keys are its settings' ``check_in``, its rules
@@ -24,13 +23,10 @@ from dataclasses import dataclass
 from app.config.keys import key_specs
 from app.registry import CONTRACTS
 from app.run_folder import run_name_problem
-from app.workdir import resolved
-from clients.models import build_model, layout_of
-from datasets import APP_DATA, GENERATED, USER_DATASETS, dataset_shape
+from datasets import APP_DATA, GENERATED, USER_DATASETS
 from strategies.contracts.common import AVERAGES, REGRESSION_DATASETS, ROBUST, Settings
 from strategies.contracts.contract import Contract, TunerSettings
 from strategies.contracts.keys import ConfigError
-from strategies.contracts.models import ModelLayout
 from strategies.contracts.personal import WholeModel
 
 
@@ -241,112 +237,3 @@ def check_settings(settings: Settings, contracts: Mapping[str, Contract] = CONTR
     """Every rule of :data:`RULES`, in order; the first broken raises."""
     for rule in RULES:
         rule.check(settings, contracts)
-
-
-# MODEL_RULES: check(settings, contract, layout), on the server and in python -m app.config
-
-
-def check_inputs(settings: Settings, input_shape: tuple[int, ...]) -> None:
-    """``feature-shift`` and ``input-mean``/``input-std`` against the data's input shape (channels first).
-
-    Raises
-    ------
-    ConfigError
-        Naming the key: a colour shift of images that are not RGB, or another number of
-        channel values than the inputs have channels.
-
-    """
-    data = settings.data
-    channels = input_shape[0] if input_shape else 0
-    if data.feature_shift == "colour" and (len(input_shape) != 3 or channels != 3):
-        raise ConfigError(f"run config key 'feature-shift': 'colour' needs RGB images (3xHxW); dataset "
-                          f"{data.dataset!r} has inputs of shape {'x'.join(map(str, input_shape))}")  # fmt: skip
-    means, _ = data.normalisation()
-    if means and len(means) != channels:
-        raise ConfigError(f"run config key 'input-mean': {len(means)} values, but dataset {data.dataset!r} has "
-                          f"{channels} channels (inputs of shape {'x'.join(map(str, input_shape))})")  # fmt: skip
-
-
-def model_layout(settings: Settings) -> ModelLayout:
-    """The run's model, built from its settings as the server builds it: its arrays' names, shapes, kinds and head.
-
-    Raises
-    ------
-    ConfigError
-        If the model cannot be built for the run's data (a CNN on images that are not square),
-        or the data has no shape stamen can read (dataset ``app``: only an app's clients have it).
-
-    """
-    try:
-        input_shape, num_classes = dataset_shape(settings.data_spec())
-    except ValueError as err:
-        raise ConfigError(f"run config key 'dataset': {err}") from err
-    check_inputs(settings, input_shape)
-    try:
-        model = build_model(settings.training.model, input_shape=input_shape, num_classes=num_classes)
-    except ValueError as err:
-        raise ConfigError(f"run config key 'model': {err}") from err
-    return layout_of(model)
-
-
-def representation_has_a_head(settings: Settings, contract: Contract, layout: ModelLayout) -> None:
-    """A method that trains on the representation needs a model split into features and a head."""
-    if contract.representation and not layout.head:
-        raise ConfigError(f"run config key 'model': {contract.name} trains on the model's representation "
-                          f"features(x), and {settings.training.model!r} is not split into features and a head; "
-                          "derive it from clients.models.SplitModel (stamen.clients.models.SplitModel installed: "
-                          "docs/adding-a-model.md)")  # fmt: skip
-
-
-def personal_arrays_exist(settings: Settings, contract: Contract, layout: ModelLayout) -> None:
-    """The method's personal arrays (``fedrep-personal-layers``, ...) are arrays of this model."""
-    contract.personal_arrays(settings.method, layout)
-
-
-def method_model_rules(settings: Settings, contract: Contract, layout: ModelLayout) -> None:
-    """The method's own rules against the model's arrays (its settings' ``check_model``)."""
-    settings.method.check_model(dict(zip(layout.names, layout.shapes, strict=True)))
-
-
-MODEL_RULES: tuple[Rule, ...] = (
-    Rule(("model", "strategy"), representation_has_a_head),
-    Rule(("model", "<method>-personal-*"), personal_arrays_exist),
-    Rule(("model", "<method>-*"), method_model_rules),
-)
-
-
-def check_model(
-    settings: Settings, contracts: Mapping[str, Contract] = CONTRACTS, layout: ModelLayout | None = None
-) -> None:
-    """The method's rules against the run's model: every rule of :data:`MODEL_RULES`, in order.
-
-    Runs on the server before the run's folder exists, and in ``python -m app.config``.
-    ``layout`` is the model's (an outside app's own network); default: the registered
-    model's, built for the run's data.
-    """
-    layout = layout if layout is not None else model_layout(settings)
-    contract = contracts[settings.run.strategy]
-    for rule in MODEL_RULES:
-        rule.check(settings, contract, layout)
-
-
-# on the server only
-
-
-def resume_from_exists(settings: Settings) -> None:
-    """``resume-from`` names a file or folder there is (relative: under ~/stamen/)."""
-    resume_from = settings.execution.resume_from
-    if resume_from and not resolved(resume_from).exists():
-        raise ConfigError(f"run config key 'resume-from': {resume_from!r} ({resolved(resume_from)}) does not exist; "
-                          "a relative path is taken under ~/stamen/, like results-dir")  # fmt: skip
-
-
-def check_on_server(settings: Settings, layout: ModelLayout | None = None) -> None:
-    """Checks only the server makes, once, before any work: the method's files, its model rules, ``resume-from``.
-
-    ``parse_settings`` runs on every SuperNode too, where the server's files need not exist.
-    ``layout``: the model's, when it is an outside app's own (see :func:`check_model`).
-    """
-    settings.method.check_on_server()  # the files only the server reads (diffusion's graph, ...)
-    check_model(settings, layout=layout)
-    resume_from_exists(settings)
