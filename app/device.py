@@ -32,8 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from app.fork_server import die_with_parent
 from app.local.processes import free_port
-from app.warm_exec import die_with_parent
 
 RESERVED = ("--isolation", "--port", "--host")  # the device sets these for the SuperNode-SuperExec link
 # app.warm_exec in a clone, stamen.app.warm_exec installed: the package this module was imported from

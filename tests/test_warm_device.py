@@ -32,10 +32,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+from app.fork_server import TASK_NAME
 from app.local.deployment import LocalDeployment
 from app.local.processes import group_processes, live_processes
 from app.local.simulation import FINISHED_OK
-from app.warm_exec import TASK_NAME
 from datasets.tools.device_folders import CLASSES, INPUT_SHAPE, make_device_folders
 from strategies.contracts.code import code_fingerprint
 from strategies.records import TIMING_KEYS

@@ -18,8 +18,10 @@ import pytest
 from conftest import REPO
 
 import app.device as device
+import app.fork_server as fork_server
 import app.warm_exec as warm_exec
-from app.warm_exec import ForkServer, warm_path_problem
+from app.fork_server import ForkServer
+from app.warm_exec import warm_path_problem
 
 
 def test_the_installed_flower_has_everything_the_warm_path_uses():
@@ -129,7 +131,7 @@ def test_each_task_runs_in_a_fresh_child_and_a_killed_one_does_not_stop_the_next
 
 
 def test_a_task_of_another_fab_never_sees_the_warm_app(tmp_path, stand_in, monkeypatch):
-    monkeypatch.setattr(warm_exec, "app_folder", lambda fab_hash: REPO if fab_hash == "a" * 64 else None)
+    monkeypatch.setattr(fork_server, "app_folder", lambda fab_hash: REPO if fab_hash == "a" * 64 else None)
     server = ForkServer(warm_stamen=True, preload=())  # stamen's client brings torch along
     server.start()
     try:
@@ -156,7 +158,7 @@ def test_the_fork_server_and_its_tasks_die_with_their_parent(tmp_path):
         sys.path[:0] = [{str(REPO)!r}, {str(REPO / "tests")!r}]
         import flwr.supernode.runtime.run_clientapp as runtime
         from test_warm_exec import record_task, spec
-        from app.warm_exec import ForkServer
+        from app.fork_server import ForkServer
         runtime.run_clientapp = record_task
         server = ForkServer(warm_stamen=False, preload=())
         server.start()
