@@ -2,9 +2,10 @@
 
 `flwr run --stream` exits 0 even when the run fails, so the launcher submits with
 `--format json`, polls `flwr ls --run-id` for the status, and the results files are
-read back. The transport methods (``selection.TRANSPORT_METHODS``: one per kind of
-message and state) run their contract's example; the private SuperLink is stopped at
-the end, whatever happened.
+read back. The transport methods (``selection.TRANSPORT_METHODS``: fedavg, scaffold and
+fedproto, one per kind of message) run their contract's example; every registered method's
+records are checked in-process by tests/test_methods.py. The private SuperLink is stopped
+at the end, whatever happened.
 """
 
 from __future__ import annotations
@@ -28,12 +29,10 @@ pytestmark = pytest.mark.e2e
 ROUNDS, CLIENTS = 2, 4
 AHEAD = 3  # runs submitted ahead on the one SuperLink (LocalSimulation.run_many)
 # the runs each test reads besides the methods' own (``-k fedbn`` makes FedBN's run alone)
-RUNS_READ = {"test_the_results_say_which_code_data_and_versions_made_them": ["perfedavg"],
-             "test_perfedavg_records_its_work_and_personalised_accuracy": ["perfedavg"],
-             "test_fedavg_baseline_reports_the_same_metrics": ["fedavg", "perfedavg"],
+RUNS_READ = {"test_the_results_say_which_code_data_and_versions_made_them": ["fedavg"],
              "test_a_client_that_cannot_load_its_data_stops_the_run_before_training": ["too-big"],
              "test_under_strict_batches_larger_than_a_clients_data_stop_the_run_before_training": ["big-batch"],
-             "test_fathom_clients_receive_the_hyperparameters_the_strategy_moves_each_round": ["fathom-3"]}  # fmt: skip
+             }  # fmt: skip
 
 
 def records(run_dir):
@@ -49,8 +48,6 @@ def finished_runs(tmp_path_factory, request):
     configs["too-big"] = {**config, "images-per-class": 400, "run-name": "too-big"}
     # Per-FedAvg batches larger than the second-half clients' 12 images
     configs["big-batch"] = {**config, "perfedavg-outer-batch-size": 40, "strict-batches": True, "run-name": "big-batch"}
-    configs["fathom-3"] = {**config, **METHODS["fathom"].contract.example, "num-server-rounds": 3,
-                           "fraction-fit": 1.0, "run-name": "fathom-3"}  # fmt: skip
     failing = {"too-big", "big-batch"}
     wanted = selected_runs(request, "name", RUNS_READ)
     configs = {name: config for name, config in configs.items() if name in wanted}
@@ -97,7 +94,7 @@ def test_the_results_say_which_code_data_and_versions_made_them(finished_runs):
     commit = git("rev-parse", "HEAD")
     if not commit:
         pytest.skip(f"{REPO} is not a git checkout")
-    run_dir = finished_runs[0]["perfedavg"][1]
+    run_dir = finished_runs[0]["fedavg"][1]
     run = json.loads((run_dir / "run.json").read_text())
     summary = json.loads((run_dir / "summary.json").read_text())
     provenance = summary["provenance"]
@@ -112,24 +109,6 @@ def test_the_results_say_which_code_data_and_versions_made_them(finished_runs):
     data = provenance["data"]
     assert data["clients"] == CLIENTS == len({node["data-fingerprint"] for node in summary["nodes"]})
     assert data["train-examples"] == sum(node["num-train"] for node in summary["nodes"])
-
-
-def test_perfedavg_records_its_work_and_personalised_accuracy(finished_runs):
-    _, run_dir = finished_runs[0]["perfedavg"]
-    for record in records(run_dir):
-        assert record["clients-sampled"] == CLIENTS // 2 and record["clients-succeeded"] == CLIENTS // 2
-        # perfedavg hf: 10 meta-steps of 4 gradient evaluations on each of the 2 sampled clients
-        assert record["grad-evals"] == (CLIENTS // 2) * 10 * 4 and record["hp-perfedavg-variant"] == "hf"
-        assert 0.0 <= record["accuracy-min"] <= record["accuracy"] <= record["accuracy-max"] <= 1.0
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["settings"]["dataset"] == "mnist-5k" and summary["final"]["round"] == ROUNDS
-
-
-def test_fedavg_baseline_reports_the_same_metrics(finished_runs):
-    fedavg, perfedavg = records(finished_runs[0]["fedavg"][1]), records(finished_runs[0]["perfedavg"][1])
-    metric_keys = {k for k in perfedavg[-1] if not k.startswith("hp-")}
-    assert metric_keys == {k for k in fedavg[-1] if not k.startswith("hp-")}
-    assert fedavg[-1]["grad-evals"] == (CLIENTS // 2) * 10
 
 
 def test_a_client_that_cannot_load_its_data_stops_the_run_before_training(finished_runs):
@@ -149,17 +128,3 @@ def test_under_strict_batches_larger_than_a_clients_data_stop_the_run_before_tra
                      r"in \[1, 12\]", big_batch.log), big_batch.log_tail
     assert "[round 1/" not in big_batch.log
 
-
-def test_fathom_clients_receive_the_hyperparameters_the_strategy_moves_each_round(finished_runs):
-    fathom, run_dir = finished_runs[0]["fathom-3"]
-    assert fathom.ok, fathom.log_tail
-    rounds = records(run_dir)
-    assert len(rounds) == 3
-    for record in rounds:  # what every client received and used is what the strategy had in force
-        assert record["client-lr-min"] == pytest.approx(record["hp-lr"], rel=1e-12)
-        assert record["client-lr-max"] == pytest.approx(record["hp-lr"], rel=1e-12)
-        assert -1.0 <= record["phi-mean"] <= 1.0
-    assert rounds[0]["hp-lr"] == rounds[1]["hp-lr"] == 0.05  # H = 0 in round 1
-    assert rounds[2]["hp-lr"] != rounds[1]["hp-lr"]  # H != 0 from round 2 on
-    batch_sizes = [r["hp-batch-size"] for r in rounds]
-    assert batch_sizes[0] == 8.0 and len(set(batch_sizes)) == 3  # G moves B every round
