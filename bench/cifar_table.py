@@ -55,8 +55,8 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
 from app.config import parse_settings  # noqa: E402
 from app.registry import METHODS  # noqa: E402
 from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, interval, machine  # noqa: E402
-from bench.personalised_table import Dataset as B7Dataset  # noqa: E402
-from bench.personalised_table import own_keys as b7_own_keys  # noqa: E402
+from bench.personalised_setup import Dataset as B7Dataset  # noqa: E402
+from bench.personalised_setup import own_keys as b7_own_keys  # noqa: E402
 
 CIFAR = SHARED_DATA / "cifar10-jpeg"
 STARTUP_RESULTS = REPO / "bench" / "results" / "cifar_startup.json"

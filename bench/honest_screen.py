@@ -219,14 +219,14 @@ def b1_jobs(rounds: int, quick: bool) -> list[Job]:
 
 def femnist_jobs(rounds: int, quick: bool) -> list[Job]:
     from app.registry import METHODS
-    from bench.personalised_table import DATASETS, run_config
+    from bench.personalised_setup import DATASETS, personalised_run_config
 
     dataset = DATASETS["femnist"]
     methods = ("fedavg", "scaffold", "fedproto") if quick else tuple(METHODS)
 
     def config(method: str, model: str | None) -> dict:
-        keys = run_config(method, dataset, seed=0, rounds=rounds, results=tempfile.gettempdir(), name="honest-screen",
-                          folder=None)  # fmt: skip
+        keys = personalised_run_config(method, dataset, seed=0, rounds=rounds, results=tempfile.gettempdir(),
+                                       name="honest-screen", folder=None)  # fmt: skip
         return {**keys, "model": model} if model else keys
 
     jobs = [Job("femnist", method, config(method, BN_MODEL if method == "fedbn" else None), dataset.clients, rounds)

@@ -42,146 +42,25 @@ import json
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from app.config import parse_settings  # noqa: E402
 from app.local.simulation import LocalSimulation  # noqa: E402
 from app.registry import METHODS  # noqa: E402
 from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, interval, machine, read_records  # noqa: E402
-from datasets import DataSpec, load_source  # noqa: E402
-from datasets.tools.device_folders import CLASSES, INPUT_SHAPE, write_split  # noqa: E402
+from bench.personalised_setup import (  # noqa: E402
+    DATASETS,
+    METHOD_KEYS,
+    PUBLISHED,
+    PUBLISHED_ORDER,
+    SHARED,
+    image_folder,
+    personalised_run_config,
+)
 
-# PFLlib's benchmark, FMNIST with a pathological split, 20 clients (personalised accuracy, %)
-PUBLISHED = {"fedavg": 80.4, "perfedavg": 99.2, "pfedme": 99.4, "ditto": 99.4, "fedrep": 99.6}
-PUBLISHED_ORDER = sorted(PUBLISHED, key=PUBLISHED.get)
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """One of B7's datasets: its run-config keys, clients and rounds."""
-
-    label: str
-    config: dict
-    clients: int
-    rounds: int
-    model: str = "mlp"
-    needs: str = ""  # the folder under ../shared/data it reads, if any
-    shared: dict = field(default_factory=dict)  # the shared keys it sets otherwise than SHARED
-    per_round: int = 10  # clients sampled for training each round
-    methods: tuple[str, ...] = ()  # the methods it runs; () for every registered one
-
-    def lr(self) -> float:
-        return float({**SHARED, **self.shared}["lr"])
-
-
-DATASETS = {
-    "mnist-paper": Dataset("embedded MNIST, Per-FedAvg paper split (50 users, a = 8)",
-                           {"dataset": "mnist-5k", "partitioner": "perfedavg-paper"}, 50, 100),
-    "femnist": Dataset("FEMNIST (LEAF sample), natural split (105 writers)",
-                       {"dataset": "femnist", "partitioner": "natural"}, 105, 100, model="cnn-small",
-                       needs="femnist-leaf", shared={"lr": 0.1, "batch-size": 16, "adapt-batch-size": 16}),
-    "mnist-folder-dirichlet": Dataset("MNIST 10k as an image folder, Dirichlet(0.1) label skew (50 users)",
-                                      {"dataset": "imagefolder", "classes": CLASSES, "input-shape": INPUT_SHAPE,
-                                       "partitioner": "dirichlet", "dirichlet-concentration": 0.1},
-                                      50, 100, needs="mnist-10k"),
-    # PFLlib's setting as near as 2 cores allow: 20 clients of 2 classes each, all of them every round
-    "mnist-pathological": Dataset("MNIST 10k, 2 classes per client (PFLlib's pathological split), 20 users, all "
-                                  "every round", {"dataset": "mnist", "partitioner": "shards", "classes-per-client": 2},
-                                  20, 100, needs="mnist-10k", per_round=20, methods=tuple(PUBLISHED_ORDER)),
-}  # fmt: skip
-# equal for every method: the main job's local work and step, about 10 clients a round, uniform averaging,
-# and one adaptation step at test time for the methods that test the model they receive
-SHARED = {"lr": 0.05, "local-steps": 10, "batch-size": 10, "aggregation": "uniform", "adapt-steps": 1,
-          "adapt-batch-size": 10, "min-fit-clients": 2}  # fmt: skip
-# each method's own keys, and where their values come from; the variant of Per-FedAvg depends on the model
-METHOD_KEYS: dict[str, tuple[dict, str]] = {
-    "fedavg": ({}, "no keys of its own"),
-    "perfedavg": ({}, "beta = the shared lr; on the MLP the main job's alpha 0.05 (a row of the paper's Table 1) "
-                  "and variant hf (the paper's best), on cnn-small B6's alpha 0.01 and variant so (B6: hf never "
-                  "trains on a ReLU network)"),
-    "fathom": ({"local-epochs": 1.0}, "its Algorithm 1 defaults; it must start from local-epochs > 0 (1 here), the "
-               "one shared key it moves"),
-    "diffusion": ({}, "ring graph, Metropolis weights, mu = the shared lr, T = local-steps; each agent takes part "
-                  "with the probability that gives about 10 agents a round"),
-    "fedprox": ({"fedprox-mu": 0.01}, "mu 0.01, the middle of the paper's grid {0.001, 0.01, 0.1, 1}"),
-    "ditto": ({"ditto-lambda": 0.1, "ditto-personal-steps": 10},
-              "lambda 0.1 (in the paper's range for FEMNIST), personal steps = local-steps, personal lr = the shared "
-              "lr"),
-    "scaffold": ({"scaffold-server-lr": 1.0}, "eta_g = 1 (the paper's experiments)"),
-    "fedrep": ({"fedrep-personal-layers": 1, "fedrep-head-steps": 10},
-               "the last layer as head; 10 head steps before the 10 body steps (the paper runs 10 head epochs "
-               "per body epoch: 10x the head work)"),
-    "fedper": ({"fedper-personal-layers": 1}, "the last layer as head"),
-    "pfedme": ({"pfedme-lambda": 15.0, "pfedme-personal-lr": 0.1, "pfedme-inner-steps": 5, "pfedme-beta": 1.0},
-               "the paper's MNIST setting (lambda 15, personal step 0.1, K 5, beta 1), R = local-steps; where the "
-               "shared lr times 15 reaches 1 (FEMNIST's 0.1), lambda = 0.5 / lr, since w_k moves lr * lambda of the "
-               "way to theta each local round and overshoots past 1"),
-    "apfl": ({"apfl-alpha": 0.25}, "alpha from 0.25 (one of the paper's fixed values), adapted with the shared lr "
-             "as its step"),
-}  # fmt: skip
 KEY_FIELDS = ("dataset", "method", "seed", "rounds")
-
-
-# the step sizes B7 ties to the shared lr (B9 ties them to each configuration's lr the same way)
-TIED_STEPS = {"perfedavg": "perfedavg-beta", "diffusion": "diffusion-mu", "ditto": "ditto-personal-lr",
-              "apfl": "apfl-alpha-lr"}  # fmt: skip
-
-
-def tied_steps(method: str, lr: float, dataset: Dataset) -> dict:
-    """The keys B7 sets from the step size: the tied step size, and diffusion's participation (B7's clients a round)."""
-    keys = {TIED_STEPS[method]: lr} if method in TIED_STEPS else {}
-    if method == "diffusion":
-        keys["diffusion-participation"] = dataset.per_round / dataset.clients
-    return keys
-
-
-def own_keys(method: str, dataset: Dataset) -> dict:
-    """``METHOD_KEYS``' values, with the step sizes they name tied to the dataset's shared lr."""
-    keys, lr, cnn = dict(METHOD_KEYS.get(method, ({}, ""))[0]), dataset.lr(), dataset.model.startswith("cnn")
-    if method == "perfedavg":
-        keys.update({"perfedavg-alpha": 0.01 if cnn else 0.05, "perfedavg-variant": "so" if cnn else "hf",
-                     "perfedavg-curvature-bound": 0.0})  # fmt: skip  # the paper's estimator, as B7 was run
-    elif method == "pfedme" and lr * keys["pfedme-lambda"] >= 1:
-        keys["pfedme-lambda"] = 0.5 / lr
-    return keys | tied_steps(method, lr, dataset)
-
-
-def data_dir_of(dataset: Dataset, folder: Path | None) -> dict:
-    """The ``data-dir`` key a dataset needs: the image folder written for it, or its folder under ../shared/data."""
-    if dataset.config["dataset"] == "imagefolder" and folder is not None:
-        return {"data-dir": str(folder)}
-    return {"data-dir": str(SHARED_DATA / dataset.needs)} if dataset.needs else {}
-
-
-def base_config(method: str, dataset: Dataset, *, seed: int, rounds: int, folder: Path | None) -> dict:
-    """What every B7 and B9 run of ``method`` on ``dataset`` shares: the data, the model, B7's clients a round."""
-    return {**SHARED, **dataset.shared, **dataset.config, **data_dir_of(dataset, folder), "model": dataset.model,
-            "strategy": method, "seed": seed, "num-server-rounds": rounds,
-            "fraction-fit": min(1.0, (dataset.per_round + 0.5) / dataset.clients),
-            "min-available-clients": dataset.clients}  # fmt: skip
-
-
-def image_folder(cache: Path) -> Path:
-    """``../shared/data/mnist-10k`` as ``train/<digit>/`` and ``test/<digit>/`` PNGs in ``cache`` (written once)."""
-    done = cache / "complete"
-    if not done.exists():
-        source = load_source(DataSpec(name="mnist", data_dir=str(SHARED_DATA / "mnist-10k")))
-        write_split(cache / "train", source.train_x, source.train_y)
-        write_split(cache / "test", source.test_x, source.test_y)
-        done.write_text("10000 train and 10000 test images of ../shared/data/mnist-10k\n")
-    return cache
-
-
-def run_config(method: str, dataset: Dataset, *, seed: int, rounds: int, results: str, name: str, folder: Path) -> dict:
-    config = {**base_config(method, dataset, seed=seed, rounds=rounds, folder=folder),
-              "eval-every": max(1, rounds // 2), "results-dir": results, "run-name": name,
-              **own_keys(method, dataset)}  # fmt: skip
-    parse_settings(config)  # a bad key fails here, before any run starts
-    return config
 
 
 def summarise_run(run_dir: Path, method: str) -> dict:
@@ -329,7 +208,7 @@ def main() -> None:
                     if args.report_only or log.get(fields) is not None:
                         continue
                     run_name = f"{name}-{method}-s{seed}"
-                    config = run_config(method, dataset, seed=seed, rounds=rounds[name], results=results,
+                    config = personalised_run_config(method, dataset, seed=seed, rounds=rounds[name], results=results,
                                         name=run_name, folder=folder)  # fmt: skip
                     outcome = sim.run(run_config=config, num_supernodes=dataset.clients, timeout_s=3600,
                                       extra_federation=args.federation)  # fmt: skip

@@ -30,8 +30,7 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
     import harness  # noqa: F401
 
 from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, machine  # noqa: E402
-from bench.personalised_table import DATASETS, SHARED  # noqa: E402
-from bench.tuned_table import run_config  # noqa: E402
+from bench.personalised_setup import DATASETS, SHARED, tuned_run_config  # noqa: E402
 from strategies.screening import update_norm  # noqa: E402
 
 DATASET = "femnist"
@@ -48,7 +47,7 @@ def trajectory(method: str, rounds: int) -> dict:
     from app.local.inprocess import InProcessRun
 
     keys = {"lr": LR, "fraction-fit": 1.0}
-    config = run_config(DATASET, method, keys, seed=SEED, rounds=rounds, validation=0.0, folder=None)
+    config = tuned_run_config(DATASET, method, keys, seed=SEED, rounds=rounds, validation=0.0, folder=None)
     run = InProcessRun(run_config=config, num_clients=DATASETS[DATASET].clients)
     started, rows = time.perf_counter(), []
     for _ in range(rounds):

@@ -37,135 +37,29 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from app.config import parse_settings  # noqa: E402
 from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, interval, machine  # noqa: E402
-from bench.personalised_table import DATASETS, Dataset, base_config, image_folder, own_keys, tied_steps  # noqa: E402
-
-CONFIGS = 8  # per method and dataset, B7's shared setting included
-VALIDATION = 0.2  # the share of each client's training data the search scores on
-SEARCH_SEED = 0
-TEST_SEEDS = (0, 1, 2)
-LR_RANGE = (0.01, 0.3)  # the step size's range, log-uniform, for every method
-DIVERGED_ROUNDS = 3  # a run stops once its train loss has been non-finite this many rounds in a row
-SOBOL_SEED = 39
-
-
-@dataclass(frozen=True)
-class Dim:
-    """One searched key: log-uniform or uniform over ``[low, high]``, an integer range, or a choice."""
-
-    key: str
-    kind: str  # "log", "linear", "int" or "choice"
-    low: float = 0.0
-    high: float = 0.0
-    choices: tuple = ()
-
-    def value(self, u: float):
-        """The key's value at ``u`` in [0, 1)."""
-        if self.kind == "log":
-            return float(math.exp(math.log(self.low) + u * (math.log(self.high) - math.log(self.low))))
-        if self.kind == "linear":
-            return float(self.low + u * (self.high - self.low))
-        if self.kind == "int":
-            return int(self.low + math.floor(u * (self.high - self.low + 1)))
-        return self.choices[min(int(u * len(self.choices)), len(self.choices) - 1)]
-
-
-# each method's own searched keys, beside the step size, and why these ranges
-SPACES: dict[str, tuple[tuple[Dim, ...], str]] = {
-    "fedavg": ((), "the step size only"),
-    "fedprox": ((Dim("fedprox-mu", "log", 1e-3, 1.0),), "mu over the paper's grid {0.001, 0.01, 0.1, 1}"),
-    "ditto": ((Dim("ditto-lambda", "log", 0.01, 2.0), Dim("ditto-personal-steps", "int", 5, 40)),
-              "lambda over the paper's grid {0.01, 0.1, 1, 2}; personal steps from half to 4x local-steps "
-              "(the personal model trains only when its client is sampled); personal lr = lr"),
-    "scaffold": ((Dim("scaffold-server-lr", "linear", 0.5, 1.0),), "eta_g from 0.5 to the paper's 1"),
-    "fedrep": ((Dim("fedrep-head-steps", "int", 1, 40), Dim("fedrep-personal-layers", "choice", choices=(1, 2))),
-               "head steps from 1 to 4x local-steps (the paper: 10 head epochs per body epoch); the last one or "
-               "two layers as head"),
-    "fedper": ((Dim("fedper-personal-layers", "choice", choices=(1, 2)),), "the last one or two layers as head"),
-    "pfedme": ((Dim("pfedme-lambda", "log", 1.0, 30.0), Dim("pfedme-personal-lr", "log", 0.01, 0.1)),
-               "lambda over the paper's {15, 20, 30} and below, capped at 0.5 / lr (past lr * lambda = 1 the "
-               "local model overshoots theta); personal step over the paper's {0.01, ..., 0.1}; K 5, beta 1"),
-    "apfl": ((Dim("apfl-alpha", "linear", 0.1, 0.75),), "alpha's start over the paper's fixed values 0.25-0.75 "
-             "and below; alpha's own step = lr"),
-    "perfedavg": ((Dim("perfedavg-alpha", "log", 1e-3, 0.1), Dim("perfedavg-variant", "choice", choices=("fo", "x"))),
-                  "alpha over 0.001-0.1 (the paper's Table 1: 0.001-0.05); variant fo or B7's (hf on the MLP, so "
-                  "on cnn-small, the curvature bound at its default); beta = lr"),
-    "fathom": ((Dim("fathom-gamma-lr", "log", 1e-3, 0.1), Dim("fathom-gamma-epochs", "log", 1e-3, 0.1)),
-               "its hyper-steps of lr and epochs over 0.1x-10x the paper's 0.01; start lr from the search, "
-               "local-epochs 1"),
-    "diffusion": ((Dim("diffusion-graph", "choice", choices=("ring", "erdos-renyi", "full")),
-                   Dim("diffusion-combination", "choice", choices=("metropolis", "uniform"))),
-                  "the graph (ring, Erdos-Renyi p = 0.3, complete) and the combination rule; mu = lr, "
-                  "participation B7's"),
-    "fedproto": ((Dim("fedproto-lambda", "log", 0.1, 10.0),), "lambda over 0.1-10 (the paper's default 1)"),
-    "fedamp": ((Dim("fedamp-lambda", "log", 0.1, 10.0), Dim("fedamp-alpha-k", "linear", 0.1, 0.9)),
-               "lambda over 0.1-10, alpha_k over 0.1-0.9 (the released code's 0.5 in the middle)"),
-    "moon": ((Dim("moon-mu", "log", 0.1, 10.0),), "mu over the paper's grid {0.1, 1, 5, 10}"),
-}  # fmt: skip
-B7_METHODS = ("fedavg", "perfedavg", "fathom", "diffusion", "fedprox", "ditto", "scaffold", "fedrep", "fedper",
-              "pfedme", "apfl")  # fmt: skip
-KEY_FIELDS = ("dataset", "method", "phase", "config", "seed", "rounds")
-B7_RESULTS = REPO / "bench" / "results" / "personalised_table.json"
-
-
-def step_key(method: str) -> str:
-    return {"perfedavg": "perfedavg-beta", "diffusion": "diffusion-mu"}.get(method, "lr")
-
-
-def search_space(method: str, dataset: str, count: int = CONFIGS) -> list[dict]:
-    """The ``count`` configurations searched: B7's own keys at the shared lr, then Sobol points.
-
-    Each is the method's keys and ``lr`` (with the step sizes B7 ties to it); the same
-    method on the same dataset always gets the same list.
-    """
-    import torch
-
-    data = DATASETS[dataset]
-    shared = {"lr": data.lr(), **own_keys(method, data)}
-    dims, _ = SPACES[method]
-    cnn = data.model.startswith("cnn")
-    configs = [shared]
-    if count < 2:
-        return configs
-    points = torch.quasirandom.SobolEngine(1 + len(dims), scramble=True, seed=SOBOL_SEED).draw(count - 1).tolist()
-    for u in points:
-        lr = Dim("lr", "log", *LR_RANGE).value(u[0])
-        config = {**own_keys(method, data), "lr": lr}  # B7's fixed keys, then the searched ones over them
-        config.pop("perfedavg-curvature-bound", None)  # the searched variants take the contract's default
-        for dim, coordinate in zip(dims, u[1:], strict=True):
-            value = dim.value(coordinate)
-            if dim.key == "perfedavg-variant" and value == "x":
-                value = "so" if cnn else "hf"
-            config[dim.key] = value
-        configs.append(tie_steps(method, config, data))
-    return configs
-
-
-def tie_steps(method: str, config: dict, data: Dataset) -> dict:
-    """The step sizes B7 ties to ``lr``, set from this configuration's ``lr``.
-
-    pFedMe's lambda is capped at 0.5 / lr in every configuration (B7 caps it only once
-    lr x lambda reaches 1): its personal problem needs lr x lambda < 1 to contract.
-    """
-    config = {**config, **tied_steps(method, config["lr"], data)}
-    if method == "pfedme":
-        config["pfedme-lambda"] = min(config["pfedme-lambda"], 0.5 / config["lr"])
-    return config
-
-
-def run_config(dataset: str, method: str, keys: dict, *, seed: int, rounds: int, validation: float,
-               folder: Path | None) -> dict:  # fmt: skip
-    config = {**base_config(method, DATASETS[dataset], seed=seed, rounds=rounds, folder=folder),
-              "eval-every": rounds, "num-threads": 1, "validation-fraction": validation, **keys}  # fmt: skip
-    parse_settings(config)  # a bad key fails here, before any run starts
-    return config
+from bench.personalised_setup import (  # noqa: E402
+    B7_METHODS,
+    B7_RESULTS,
+    CONFIGS,
+    DATASETS,
+    DIVERGED_ROUNDS,
+    LR_RANGE,
+    SEARCH_SEED,
+    SPACES,
+    TEST_SEEDS,
+    TUNED_KEY_FIELDS,
+    VALIDATION,
+    image_folder,
+    keys_of,
+    selftuned_keys,
+    tuned_run_config,
+)
 
 
 def one_run(config: dict, clients: int, rounds: int) -> dict:
@@ -212,15 +106,6 @@ GAP = 5.0  # points under tuned FedAvg + update past which a method's gap is mea
 # methods whose every-client run also goes at B7's shared setting (config 0) when the search chose another: issue 39
 # asks why SCAFFOLD diverged at B7's lr 0.1 on FEMNIST, so its run there separates visits from the step size
 ALSO_AT_B7 = ("scaffold",)
-
-
-def selftuned_keys(method: str, dataset: str) -> dict | None:
-    """B7's shared setting with ``tune = "fathom"``, for a method whose contract is tunable (else None)."""
-    from app.registry import METHODS
-
-    if method == "fathom" or METHODS[method].contract.tunable is None:
-        return None
-    return {**search_space(method, dataset, 1)[0], "tune": "fathom"}
 
 
 def best_config(log: RunLog, dataset: str, method: str, rounds: int, configs: int) -> int | None:
@@ -281,16 +166,6 @@ def large_gaps(log: RunLog, dataset: str, args: argparse.Namespace) -> list[str]
     return [m for m, mean in means.items() if mean is not None and mean < fedavg - GAP]
 
 
-def keys_of(job: dict) -> dict:
-    if job["phase"] == "self-tuned":
-        return selftuned_keys(job["method"], job["dataset"])
-    keys = search_space(job["method"], job["dataset"])[job["config"]]
-    if job["phase"] == "all-clients":  # the cause measured: visits; every client (agent) trains every round
-        keys = {**keys, "fraction-fit": 1.0, **({"diffusion-participation": 1.0} if job["method"] == "diffusion"
-                                                else {})}  # fmt: skip
-    return keys
-
-
 def claims_dir(args: argparse.Namespace) -> Path:
     """Where workers claim their runs: one empty file per run, beside the run log (git-ignored)."""
     return args.log.parent / ".tuned_table_claims"
@@ -298,7 +173,7 @@ def claims_dir(args: argparse.Namespace) -> Path:
 
 def worker(args: argparse.Namespace) -> None:
     """Claim and run the phase's jobs one at a time (a claim is a file, so workers never repeat a run)."""
-    log = RunLog(path=args.log, key_fields=KEY_FIELDS)
+    log = RunLog(path=args.log, key_fields=TUNED_KEY_FIELDS)
     folder = image_folder(args.folder_cache) if "mnist-folder-dirichlet" in args.datasets else None
     claims = claims_dir(args)
     for job in jobs(log, args, args.phase):
@@ -307,12 +182,12 @@ def worker(args: argparse.Namespace) -> None:
             os.close(os.open(claim, os.O_CREAT | os.O_EXCL))
         except FileExistsError:
             continue
-        if RunLog(path=args.log, key_fields=KEY_FIELDS).get(job) is not None:
+        if RunLog(path=args.log, key_fields=TUNED_KEY_FIELDS).get(job) is not None:
             continue
         keys = keys_of(job)
         data = DATASETS[job["dataset"]]
         validation = VALIDATION if job["phase"] == "search" else 0.0
-        config = run_config(job["dataset"], job["method"], keys, seed=job["seed"], rounds=job["rounds"],
+        config = tuned_run_config(job["dataset"], job["method"], keys, seed=job["seed"], rounds=job["rounds"],
                             validation=validation, folder=folder)  # fmt: skip
         try:
             result = one_run(config, data.clients, job["rounds"])
@@ -505,7 +380,7 @@ def main() -> None:
     if not args.report_only:
         for phase in args.phases:
             run_phase(args, phase)
-    log = RunLog(path=args.log, key_fields=KEY_FIELDS)
+    log = RunLog(path=args.log, key_fields=TUNED_KEY_FIELDS)
     report = {"benchmark": "B9", "quick": args.quick, "seeds": args.seeds, "configs": args.configs,
               "validation-fraction": VALIDATION, "lr-range": LR_RANGE, "methods": args.methods,
               "spaces": {m: SPACES[m][1] for m in args.methods}, "machine": machine(),

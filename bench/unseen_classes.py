@@ -38,15 +38,13 @@ import time
 
 import torch  # noqa: E402
 
-import clients.base  # noqa: E402
-import clients.training  # noqa: E402
-
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
+import clients.base  # noqa: E402
+import clients.training  # noqa: E402
 from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, machine  # noqa: E402
-from bench.personalised_table import DATASETS  # noqa: E402
-from bench.tuned_table import KEY_FIELDS, keys_of, run_config  # noqa: E402
+from bench.personalised_setup import DATASETS, TUNED_KEY_FIELDS, keys_of, tuned_run_config  # noqa: E402
 
 DATASET = "femnist"
 METHODS = ("fedavg", "fedper", "fedrep", "pfedme", "ditto")
@@ -130,7 +128,8 @@ def split_accuracy(run) -> dict:
 def one(job: dict, rounds: int) -> dict:
     from app.local.inprocess import InProcessRun
 
-    config = run_config(DATASET, job["method"], keys_of(job), seed=SEED, rounds=rounds, validation=0.0, folder=None)
+    config = tuned_run_config(DATASET, job["method"], keys_of(job), seed=SEED, rounds=rounds, validation=0.0,
+                              folder=None)  # fmt: skip
     started = time.perf_counter()
     run = InProcessRun(run_config=config, num_clients=DATASETS[DATASET].clients)
     for _ in range(rounds):
@@ -187,7 +186,7 @@ def main() -> None:
     folder = QUICK_RESULTS if args.quick else RESULTS
     folder.mkdir(parents=True, exist_ok=True)
     name = "unseen_classes" + ("_all_clients" if args.all_clients else "")
-    log = RunLog(path=folder / f"{name}_runs.jsonl", key_fields=KEY_FIELDS)
+    log = RunLog(path=folder / f"{name}_runs.jsonl", key_fields=TUNED_KEY_FIELDS)
     rows = []
     for method in args.methods:
         job = tested_job(method, args.all_clients)

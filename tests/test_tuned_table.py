@@ -16,20 +16,20 @@ import pytest
 from app.config import parse_settings
 from app.registry import METHODS
 from bench.harness import RunLog
-from bench.personalised_table import DATASETS, own_keys
-from bench.tuned_table import (
+from bench.personalised_setup import (
     CONFIGS,
-    KEY_FIELDS,
+    DATASETS,
     LR_RANGE,
     SEARCH_SEED,
     SPACES,
+    TUNED_KEY_FIELDS,
     Dim,
-    best_config,
-    one_run,
-    run_config,
+    own_keys,
     search_space,
     selftuned_keys,
+    tuned_run_config,
 )
+from bench.tuned_table import best_config, one_run
 
 
 def test_a_dimension_maps_the_unit_interval_onto_its_range():
@@ -48,7 +48,7 @@ def test_every_configuration_searched_is_a_valid_run_config(method, dataset):
     data = DATASETS[dataset]
     assert configs[0] == {"lr": data.lr(), **own_keys(method, data)}  # the first is B7's shared setting
     for keys in configs:
-        config = run_config(dataset, method, keys, seed=0, rounds=2, validation=0.2, folder=Path("/folder"))
+        config = tuned_run_config(dataset, method, keys, seed=0, rounds=2, validation=0.2, folder=Path("/folder"))
         assert parse_settings(config).run.strategy == method
         assert LR_RANGE[0] <= keys["lr"] <= LR_RANGE[1]
         tied = {"perfedavg": "perfedavg-beta", "diffusion": "diffusion-mu", "ditto": "ditto-personal-lr",
@@ -81,7 +81,7 @@ def record(log, method, config, status="completed", accuracy=None):
 
 
 def test_the_winner_is_the_best_validation_score_and_a_diverged_run_never_wins(tmp_path):
-    log = RunLog(path=tmp_path / "runs.jsonl", key_fields=KEY_FIELDS)
+    log = RunLog(path=tmp_path / "runs.jsonl", key_fields=TUNED_KEY_FIELDS)
     record(log, "fedavg", 0, accuracy=0.7)
     assert best_config(log, "femnist", "fedavg", 100, 3) is None  # not until the whole search has run
     record(log, "fedavg", 1, status="diverged")
@@ -95,7 +95,7 @@ def test_the_winner_is_the_best_validation_score_and_a_diverged_run_never_wins(t
 
 
 def test_a_run_whose_train_loss_stays_non_finite_stops_and_says_where():
-    config = run_config("mnist-paper", "fedavg", {"lr": 50.0}, seed=0, rounds=10, validation=0.2, folder=None)
+    config = tuned_run_config("mnist-paper", "fedavg", {"lr": 50.0}, seed=0, rounds=10, validation=0.2, folder=None)
     result = one_run(config, 50, 10)
     assert result["status"] == "diverged" and result["diverged-at"] == 3
     assert "accuracy" not in result
@@ -104,9 +104,10 @@ def test_a_run_whose_train_loss_stays_non_finite_stops_and_says_where():
 def test_a_gap_past_five_points_gets_the_run_with_every_client_every_round(tmp_path):
     import argparse
 
-    from bench.tuned_table import keys_of, large_gaps
+    from bench.personalised_setup import keys_of
+    from bench.tuned_table import large_gaps
 
-    log = RunLog(path=tmp_path / "runs.jsonl", key_fields=KEY_FIELDS)
+    log = RunLog(path=tmp_path / "runs.jsonl", key_fields=TUNED_KEY_FIELDS)
     args = argparse.Namespace(methods=["fedavg", "ditto", "diffusion"], seeds=[0, 1], configs=1,
                               rounds={"femnist": 100})  # fmt: skip
     for method, accuracies in {"fedavg": (0.75, 0.73), "ditto": (0.70, 0.69), "diffusion": (0.07, 0.06)}.items():
@@ -125,7 +126,7 @@ def test_scaffolds_every_client_run_also_goes_at_b7s_setting_when_the_search_cho
 
     from bench.tuned_table import jobs
 
-    log = RunLog(path=tmp_path / "runs.jsonl", key_fields=KEY_FIELDS)
+    log = RunLog(path=tmp_path / "runs.jsonl", key_fields=TUNED_KEY_FIELDS)
     args = argparse.Namespace(datasets=["femnist"], methods=["fedavg", "scaffold", "diffusion"], seeds=[0], configs=2,
                               rounds={"femnist": 100})  # fmt: skip
     scores = {"fedavg": (0.7, 0.5), "scaffold": (0.1, 0.2), "diffusion": (0.07, 0.06)}  # scaffold chooses config 1

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from app.local.inprocess import InProcessRun
-from bench.tuned_table import run_config
+from bench.personalised_setup import tuned_run_config
 from bench.unseen_classes import Predictions, gap_from_unseen, pooled, seen_and_unseen, split_accuracy
 
 
@@ -33,7 +33,7 @@ def test_the_pooled_gap_splits_into_its_seen_and_unseen_parts_by_hand():
 
 @pytest.mark.parametrize("method", ["fedper", "pfedme"])  # a personal head; a personal model tested after the global
 def test_the_captured_predictions_give_the_accuracy_the_clients_reported(method):
-    config = run_config("mnist-paper", method, {"lr": 0.05}, seed=0, rounds=1, validation=0.0, folder=None)
+    config = tuned_run_config("mnist-paper", method, {"lr": 0.05}, seed=0, rounds=1, validation=0.0, folder=None)
     run = InProcessRun(run_config={**config, "fraction-fit": 0.1}, num_clients=50)
     run.step()
     split = split_accuracy(run)  # raises if the captured predictions disagree with the reported accuracy
