@@ -146,7 +146,7 @@ AS_B7 = B7Dataset("B8", {}, CLIENTS, ROUNDS, model="fedavg-cnn", shared={"lr": S
 
 
 def own_keys(method: str) -> dict:
-    """B7's keys for each method (``bench/personalised_table.own_keys``), with B8's changes.
+    """B7's keys for each method (``bench/personalised_setup.own_keys``), with B8's changes.
 
     Per-FedAvg runs first-order (PFLlib's Per-FedAvg is first-order) with B6's alpha 0.01 for
     a ReLU CNN; SO keeps its default curvature bound (B6: the paper's estimator diverges there).

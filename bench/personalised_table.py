@@ -19,7 +19,7 @@ SuperLink, one CPU per client) on three datasets, for the seeds asked:
 The shared keys are equal across methods on a dataset (``SHARED``, with a dataset's own
 ``shared``: FEMNIST takes B2's tuned lr 0.1 and batch 16); each method's own keys are at
 the values ``METHOD_KEYS`` gives, with the reason, and :func:`own_keys` ties the step sizes
-it names to the shared lr. For every run it records the
+it names to the shared lr (all in ``bench/personalised_setup.py``, which B9 shares). For every run it records the
 client-mean personalised accuracy after the last round, the global model's accuracy on
 the same splits where the method has a global model, seconds per round, gradient
 evaluations per round and the bytes of arrays sent and received per round, and writes
