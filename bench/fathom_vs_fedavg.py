@@ -38,7 +38,6 @@ import json
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,15 +46,13 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
     import harness  # noqa: F401
 
 from app.local.simulation import LocalSimulation  # noqa: E402
+from bench.fathom_setup import MODEL, PER_ROUND, PROBE, WRITERS, Start, run_config  # noqa: E402
 from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, interval, machine, read_records  # noqa: E402
 
-WRITERS, PER_ROUND, MODEL = 105, 10, "cnn-small"
 GRID_LR, GRID_BATCH = (0.03, 0.1, 0.3), (16, 64)
 BAD_LR, BAD_BATCH = 0.01, 256
 GRID_SEED = 0  # the FedAvg grid runs once, on this seed, whichever seeds the arms run
 ABOVE_LR = 0.3  # 3x the tuned lr: the FedAvg grid's one failure at batch 16 (0.07 after 120 rounds, seed 0)
-# The tuner's start probe (strategies/start_probe.py): 3 rounds trying lr x 3^k, k = -2..2, before FATHOM's rule
-PROBE = {"fathom-probe-rounds": 3}
 # FATHOM's rule with the stationarity test (strategies/fathom_math.py): the lr halves whenever 5 x 2^k rounds of
 # H show no progress (issue 26's second attempt, B5's setting), alone and after the start probe
 DECAY = {"fathom-decay-window": 5}
@@ -97,45 +94,9 @@ PILOT = {  # variant -> settings, each run from the bad lr for PILOT_ROUNDS roun
 }
 
 
-@dataclass(frozen=True)
-class Start:
-    """A starting point: its label and the (lr, batch size) it starts from (epochs 1).
-
-    ``variant`` names settings changed from the paper's (``extra``); "" is the paper's.
-    """
-
-    label: str
-    lr: float
-    batch: int
-    variant: str = ""
-    extra: tuple[tuple[str, float], ...] = ()
-
-
 def bad_lr_start(batch: int, variant: str, extra: dict[str, float]) -> Start:
     """FATHOM's start from the paper's bad lr with ``extra`` settings (a fix, or a pilot's candidate)."""
     return Start("bad lr", BAD_LR, batch, variant, tuple(extra.items()))
-
-
-def run_config(method: str, start: Start, *, seed: int, rounds: int, data_dir: Path) -> dict:
-    return {
-        "strategy": method,
-        "dataset": "femnist",
-        "data-dir": str(data_dir),
-        "partitioner": "natural",
-        "model": MODEL,
-        "seed": seed,
-        "num-server-rounds": rounds,
-        "eval-every": rounds,  # federated evaluation once, at the end; the curve comes from central-eval
-        "central-eval": True,
-        "fraction-fit": (PER_ROUND + 0.5) / WRITERS,  # Flower samples int(fraction * available) clients
-        "min-fit-clients": PER_ROUND,
-        "fraction-evaluate": 1.0,
-        "aggregation": "examples",
-        "lr": start.lr,
-        "batch-size": start.batch,
-        "local-epochs": 1.0,
-        "adapt-steps": 0,
-    } | dict(start.extra)
 
 
 def plateau_window(rounds: int) -> int:

@@ -206,7 +206,7 @@ class Job:
 
 
 def b1_jobs(rounds: int, quick: bool) -> list[Job]:
-    from bench.perfedavg_table1 import DEFAULT_DATA, METHODS, NUM_USERS, QUICK_ROWS, run_config
+    from bench.perfedavg_setup import DEFAULT_DATA, METHODS, NUM_USERS, QUICK_ROWS, run_config
 
     jobs = []
     for r, row in enumerate(QUICK_ROWS[:1] if quick else QUICK_ROWS):
@@ -237,7 +237,7 @@ def femnist_jobs(rounds: int, quick: bool) -> list[Job]:
 
 
 def cifar_jobs(rounds: int, quick: bool) -> list[Job]:
-    from bench.cifar_table import CLIENTS, run_config
+    from bench.cifar_setup import CLIENTS, run_config
 
     methods = ("fedavg",) if quick else CIFAR_METHODS
     return [Job("cifar-practical", method, run_config("practical", method, seed=0, rounds=rounds, threads=1), CLIENTS,

@@ -29,7 +29,6 @@ import platform
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,85 +40,26 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
 from app.config import parse_settings  # noqa: E402
 from app.local.simulation import LocalSimulation  # noqa: E402
 from bench.harness import QUICK_RESULTS, REPO, interval, read_records  # noqa: E402
+from bench.perfedavg_setup import (  # noqa: E402
+    BATCH,
+    DEFAULT_DATA,
+    IMAGES_PER_CLASS,
+    METHODS,
+    NUM_USERS,
+    QUICK_ROWS,
+    Row,
+    run_config,
+)
 from clients.meta import meta_gradient  # noqa: E402
 from clients.models import build_model  # noqa: E402
 from clients.perfedavg import PerFedAvgClient  # noqa: E402
 from clients.training import model_loss  # noqa: E402
 from datasets import ClientData  # noqa: E402
 
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "mnist-10k"
-NUM_USERS, IMAGES_PER_CLASS, BATCH = 50, 34, 40
-METHODS = (
-    ("FedAvg + update", "fedavg", ""),
-    ("Per-FedAvg FO", "perfedavg", "fo"),
-    ("Per-FedAvg HF", "perfedavg", "hf"),
-    ("Per-FedAvg SO", "perfedavg", "so"),
-)
-
-
-@dataclass(frozen=True)
-class Row:
-    tau: int
-    alpha: float
-    variant: str = "standard"
-    batch: int = BATCH  # d = d' = d'' and the evaluation batch
-
-    @property
-    def label(self) -> str:
-        extra = ", diff. hetero." if self.variant == "diff-hetero" else ""
-        extra += f", d = {self.batch}" if self.batch != BATCH else ""
-        return f"tau = {self.tau}, alpha = {self.alpha}{extra}"
-
-
 # diff. hetero.: the second half keep only their 34 images of one digit 5-9, and Per-FedAvg refuses
 # batches larger than a client's data, so that row runs every method with d = d' = d'' = 34.
 ROWS = (Row(10, 0.001), Row(4, 0.001), Row(10, 0.01), Row(4, 0.01), Row(4, 0.05), Row(4, 0.05, "diff-hetero", 34))
-QUICK_ROWS = (Row(10, 0.001), Row(4, 0.05))
 COST_KEYS = ("seconds-per-round", "grad-evals-per-round", "hvp-evals-per-round")
-
-
-def run_config(
-    row: Row,
-    strategy: str,
-    variant: str,
-    *,
-    beta: float,
-    rounds: int,
-    seed: int,
-    data_dir: Path,
-    results: str,
-    name: str,
-) -> dict:
-    config = {
-        "strategy": strategy,
-        "dataset": "mnist",
-        "data-dir": str(data_dir),
-        "partitioner": "perfedavg-paper",
-        "images-per-class": IMAGES_PER_CLASS,
-        "paper-variant": row.variant,
-        "model": "mlp",
-        "seed": seed,
-        "num-server-rounds": rounds,
-        "eval-every": max(1, rounds // 2),
-        "fraction-fit": 0.2,
-        "aggregation": "uniform",
-        "local-steps": row.tau,
-        "lr": beta,
-        "perfedavg-beta": beta,
-        "perfedavg-alpha": row.alpha,
-        "perfedavg-delta": 1e-3,
-        "batch-size": row.batch,
-        "perfedavg-outer-batch-size": row.batch,
-        "perfedavg-hessian-batch-size": row.batch,
-        "adapt-steps": 1,
-        "adapt-lr": row.alpha,  # every method, FedAvg + update included, adapts with alpha at test time
-        "adapt-batch-size": row.batch,
-        "results-dir": results,
-        "run-name": name,
-    }
-    if variant:
-        config["perfedavg-variant"] = variant
-    return config
 
 
 def summarise_run(run_dir: Path) -> dict:

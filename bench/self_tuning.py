@@ -57,7 +57,7 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
 
 from app.local.simulation import LocalSimulation  # noqa: E402
 from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, interval, machine, read_records  # noqa: E402
-from bench.perfedavg_table1 import NUM_USERS, Row, run_config  # noqa: E402
+from bench.perfedavg_setup import NUM_USERS, Row, run_config  # noqa: E402
 
 ROW = Row(10, 0.01)
 STEP_SIZES = {"perfedavg": (0.01, 0.03, 0.1, 0.3), "fedavg": (0.01, 0.03, 0.1, 0.3), "alpha": (0.001, 0.01, 0.05)}

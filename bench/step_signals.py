@@ -34,7 +34,7 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
     import harness  # noqa: F401
 
 from app.local.inprocess import InProcessRun  # noqa: E402
-from bench.fathom_vs_fedavg import PROBE, Start, run_config  # noqa: E402
+from bench.fathom_setup import PROBE, Start, run_config  # noqa: E402
 from bench.harness import REPO, SHARED_DATA, machine  # noqa: E402
 from clients.models import build_model  # noqa: E402
 from clients.training import axpy, gradient, model_loss, to_tensor  # noqa: E402

@@ -6,13 +6,6 @@ import ast
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-# imports of one script by another that are still to be moved into a shared module (issue 52): none may be added
-STILL_TO_MOVE = {
-    ("honest_screen", "cifar_table"),
-    ("honest_screen", "perfedavg_table1"),
-    ("self_tuning", "perfedavg_table1"),
-    ("step_signals", "fathom_vs_fedavg"),
-}
 
 
 def is_script(tree: ast.Module) -> bool:
@@ -45,8 +38,7 @@ def test_no_script_imports_another_script():
     scripts = {name for name, tree in modules.items() if is_script(tree)}
     assert "harness" in modules and "harness" not in scripts
     imported = {(name, other) for name in scripts for other in bench_imports(modules[name]) & scripts}
-    assert imported - STILL_TO_MOVE == set(), "a script imports another: move what they share to a shared module"
-    assert STILL_TO_MOVE - imported == set(), "moved: take it off STILL_TO_MOVE"
+    assert imported == set(), "a script imports another: move what they share to a shared module (bench/*_setup.py)"
 
 
 def test_one_file_puts_the_repository_on_sys_path():
