@@ -22,9 +22,9 @@ from pathlib import Path
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
+from app.fork_server import TASK_NAME  # noqa: E402
 from app.local.deployment import LocalDeployment  # noqa: E402
 from app.local.simulation import FINISHED_OK  # noqa: E402
-from app.fork_server import TASK_NAME  # noqa: E402
 from bench.harness import REPO  # noqa: E402
 from bench.samplers import MemorySampler, process_memory, process_stat, process_trees  # noqa: E402
 
