@@ -13,6 +13,7 @@ from flwr.common import Code, GetPropertiesRes, Status
 from flwr.server.client_proxy import ClientProxy
 
 from app.config import parse_settings
+from app.local.simulation import LocalSimulation
 from datasets import ClientData
 from strategies.contracts.code import code_identity
 
@@ -69,6 +70,18 @@ class FakeProxy(ClientProxy):
 
     def reconnect(self, ins, timeout, group_id):
         raise NotImplementedError
+
+
+@pytest.fixture(scope="session")
+def local_simulation():
+    """One private local SuperLink in simulation mode for the whole session, running the checkout's app.
+
+    The end-to-end modules that need no configuration of their own (no own app folder,
+    workdir, environment, or killing of the SuperLink) submit their runs to it rather than
+    start a SuperLink each; it is stopped, by process group, at the session's end.
+    """
+    with LocalSimulation(app_dir=REPO) as simulation:
+        yield simulation
 
 
 def pytest_sessionstart(session):

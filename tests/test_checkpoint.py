@@ -6,12 +6,10 @@ import json
 
 import numpy as np
 import pytest
-from conftest import REPO
 from flwr.common import parameters_to_ndarrays
 from helpers import K, diffusion_strategy, federation, settings_for
 
 from app.config import ConfigError, parse_settings
-from app.local.simulation import LocalSimulation
 from app.results import ResultWriter, read_metrics
 from app.server_app import checkpoint_to_resume
 from strategies.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
@@ -121,19 +119,19 @@ def test_diffusion_resumed_from_a_checkpoint_matches_the_uninterrupted_run():
 
 
 @pytest.mark.e2e
-def test_fathom_simulation_stopped_after_its_checkpoint_resumes_without_loss_or_duplication(tmp_path):
+def test_fathom_simulation_stopped_after_its_checkpoint_resumes_without_loss_or_duplication(tmp_path, local_simulation):
     config = {"strategy": "fathom", "num-server-rounds": 4, "fraction-fit": 1.0, "min-fit-clients": 4,
               "local-epochs": 1.0, "batch-size": 8, "eval-every": 2, "checkpoint-every": 2,
               "results-dir": str(tmp_path)}  # fmt: skip
-    with LocalSimulation(app_dir=REPO) as sim:
-        whole = sim.run(run_config={**config, "run-name": "whole"}, num_supernodes=4, timeout_s=300)
-        # the same run stopped after its round-2 checkpoint ...
-        first = sim.run(run_config={**config, "num-server-rounds": 2, "run-name": "cut"}, num_supernodes=4,
-                        timeout_s=300)  # fmt: skip
-        cut = tmp_path / "cut"
-        with (cut / "metrics.jsonl").open("a") as handle:  # ... after it had recorded round 3, say
-            handle.write(json.dumps({"round": 3, "strategy": "fathom", "hp-lr": -1.0}) + "\n")
-        resumed = sim.run(run_config={**config, "resume-from": str(cut)}, num_supernodes=4, timeout_s=300)
+    sim = local_simulation
+    whole = sim.run(run_config={**config, "run-name": "whole"}, num_supernodes=4, timeout_s=300)
+    # the same run stopped after its round-2 checkpoint ...
+    first = sim.run(run_config={**config, "num-server-rounds": 2, "run-name": "cut"}, num_supernodes=4,
+                    timeout_s=300)  # fmt: skip
+    cut = tmp_path / "cut"
+    with (cut / "metrics.jsonl").open("a") as handle:  # ... after it had recorded round 3, say
+        handle.write(json.dumps({"round": 3, "strategy": "fathom", "hp-lr": -1.0}) + "\n")
+    resumed = sim.run(run_config={**config, "resume-from": str(cut)}, num_supernodes=4, timeout_s=300)
     for outcome in (whole, first, resumed):
         assert outcome.ok, outcome.log_tail
     assert "resumed after round 2 of 4" in resumed.log

@@ -6,10 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from conftest import REPO
 
 from app.config import parse_settings
-from app.local.simulation import LocalSimulation
 from datasets import load_client_data
 from datasets.least_squares import least_squares_optimum
 
@@ -27,13 +25,13 @@ BIG = {"strategy": "diffusion", "dataset": "least-squares", "model": "linear", "
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, local_simulation):
     results = tmp_path_factory.mktemp("results")
     common = {"results-dir": str(results)}
-    with LocalSimulation(app_dir=REPO) as sim:  # both submitted at once: their start-up and polling overlap
-        theory = sim.submit(run_config={**THEORY, **common, "run-name": "theory"}, num_supernodes=AGENTS)
-        big = sim.submit(run_config={**BIG, **common, "run-name": "big"}, num_supernodes=200)
-        theory, big = sim.wait(theory, timeout_s=600), sim.wait(big, timeout_s=600)
+    sim = local_simulation
+    theory = sim.submit(run_config={**THEORY, **common, "run-name": "theory"}, num_supernodes=AGENTS)
+    big = sim.submit(run_config={**BIG, **common, "run-name": "big"}, num_supernodes=200)
+    theory, big = sim.wait(theory, timeout_s=600), sim.wait(big, timeout_s=600)
     return (theory, results / "theory"), (big, results / "big")
 
 

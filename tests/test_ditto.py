@@ -4,9 +4,8 @@ import json
 
 import numpy as np
 import pytest
-from conftest import REPO, settings
+from conftest import settings
 
-from app.local.simulation import LocalSimulation
 from clients.ditto import PERSONAL, DittoClient
 from clients.models import build_model
 from datasets import ClientData
@@ -82,11 +81,10 @@ def test_evaluation_tests_the_personal_model_and_reports_the_global_one_beside_i
 
 
 @pytest.mark.e2e
-def test_personal_models_persist_across_rounds_in_a_simulation(tmp_path):
+def test_personal_models_persist_across_rounds_in_a_simulation(tmp_path, local_simulation):
     config = {"strategy": "ditto", "num-server-rounds": 3, "fraction-fit": 1.0, "eval-every": 1,
               "ditto-lambda": 0.5, "results-dir": str(tmp_path), "run-name": "ditto"}  # fmt: skip
-    with LocalSimulation(app_dir=REPO) as sim:
-        outcome = sim.run(run_config=config, num_supernodes=4, timeout_s=300)
+    outcome = local_simulation.run(run_config=config, num_supernodes=4, timeout_s=300)
     assert outcome.ok, outcome.log_tail
     records = [json.loads(line) for line in (tmp_path / "ditto" / "metrics.jsonl").read_text().splitlines()]
     # every client updates its personal model every round: 4, 8, 12 updates counted from Context.state

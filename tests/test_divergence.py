@@ -6,11 +6,11 @@ import json
 
 import numpy as np
 import pytest
-from conftest import REPO, settings
+from conftest import settings
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from helpers import arrays, fit_res, stand_in_fedavg
 
-from app.local.simulation import FINISHED_OK, LocalSimulation
+from app.local.simulation import FINISHED_OK
 from strategies.base import RunDivergedError
 from strategies.perfedavg import PerFedAvg
 from strategies.screening import outsized, update_norm
@@ -52,13 +52,12 @@ def test_a_finite_round_resets_the_count_and_zero_never_stops():
 
 
 @pytest.mark.e2e
-def test_a_diverging_simulation_stops_early_with_its_reason_in_the_summary(tmp_path):
+def test_a_diverging_simulation_stops_early_with_its_reason_in_the_summary(tmp_path, local_simulation):
     # FedAvg with a step of 1e4 on the embedded data: the replies are non-finite from the first round or two
     config = {"strategy": "fedavg", "lr": 1e4, "num-server-rounds": 30, "stop-after-nonfinite": 2,
               "fraction-fit": 0.2, "eval-every": 100, "results-dir": str(tmp_path), "run-name": "diverges"}  # fmt: skip
-    with LocalSimulation(app_dir=REPO) as simulation:
-        outcome = simulation.run(run_config=config, num_supernodes=10, extra_federation="client-resources-num-cpus=1",
-                                 timeout_s=600)  # fmt: skip
+    outcome = local_simulation.run(run_config=config, num_supernodes=10, timeout_s=600,
+                                   extra_federation="client-resources-num-cpus=1")  # fmt: skip
     assert outcome.status == FINISHED_OK, outcome.log_tail
     summary = json.loads((tmp_path / "diverges" / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["rounds"] < 30

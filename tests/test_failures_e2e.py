@@ -14,18 +14,14 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import REPO
-
-from app.local.simulation import LocalSimulation
 
 pytestmark = pytest.mark.e2e
 CLIENTS = 10
 
 
 @pytest.fixture(scope="module")
-def sim():
-    with LocalSimulation(app_dir=REPO) as simulation:
-        yield simulation
+def sim(local_simulation):
+    return local_simulation
 
 
 def summary_of(folder):

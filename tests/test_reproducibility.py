@@ -30,7 +30,7 @@ def lines_without_timings(run_dir) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, local_simulation):
     results = tmp_path_factory.mktemp("results")
     common = {**CONFIG, "results-dir": str(results)}
     independent = {name: {**common, "run-name": name} for name in ("first", "second")}
@@ -38,10 +38,8 @@ def runs(tmp_path_factory):
     independent["sampled"] = {**common, "preflight-sample": 3, "run-name": "sampled"}
     # every run but the resumed one submitted at once (each in its own simulation process, seeded alike), and the
     # state app beside them on a SuperLink of its own: run one after another, the module took 157 s
-    with (
-        LocalSimulation(app_dir=REPO) as sim,
-        LocalSimulation(app_dir=REPO / "tests" / "state_app", pythonpath=[REPO]) as state_sim,
-    ):
+    sim = local_simulation
+    with LocalSimulation(app_dir=REPO / "tests" / "state_app", pythonpath=[REPO]) as state_sim:
         state = state_sim.submit(run_config={"results-dir": str(results), "run-name": "state"}, num_supernodes=4)
         done = sim.run_many(independent, num_supernodes=CLIENTS, ahead=len(independent), timeout_s=300)
         resumed = {**common, "resume-from": str(results / "cut")}

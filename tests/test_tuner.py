@@ -14,12 +14,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import OK, REPO, FakeProxy, settings
+from conftest import OK, FakeProxy, settings
 from flwr.common import FitRes, ndarrays_to_parameters
 from flwr.server.client_manager import SimpleClientManager
 
 from app.config import ConfigError, ignored_keys, parse_settings, tuned_keys
-from app.local.simulation import LocalSimulation
 from app.registry import METHODS
 from clients.base import round_generator
 from clients.meta import meta_gradient
@@ -211,7 +210,7 @@ def test_an_untuned_client_reports_no_phi():
 
 
 @pytest.mark.e2e
-def test_tuned_simulations_with_and_without_a_start_probe_record_their_trajectories(tmp_path):
+def test_tuned_simulations_with_and_without_a_start_probe_record_their_trajectories(tmp_path, local_simulation):
     # Per-FedAvg with FATHOM's rule alone, and FedAvg and Per-FedAvg each with a 2-round start probe first and the
     # stationarity test after it (FedAvg's started by the loss gate); one simulation, side by side
     runs = {
@@ -229,8 +228,7 @@ def test_tuned_simulations_with_and_without_a_start_probe_record_their_trajector
                     "num-server-rounds": 6, "eval-every": 6, "fraction-fit": 0.6},
     }  # fmt: skip
     runs = {name: {**config, "results-dir": str(tmp_path), "run-name": name} for name, config in runs.items()}
-    with LocalSimulation(app_dir=REPO) as sim:
-        outcomes = sim.run_many(runs, num_supernodes=10, timeout_s=300)
+    outcomes = local_simulation.run_many(runs, num_supernodes=10, timeout_s=300)
     for name, outcome in outcomes.items():
         assert outcome.ok, (name, outcome.log_tail)
     records = [json.loads(line) for line in (tmp_path / "tuned" / "metrics.jsonl").read_text().splitlines()]
