@@ -63,7 +63,7 @@ from bench.cifar_setup import (  # noqa: E402
     method_of,
     run_config,
 )
-from bench.harness import QUICK_RESULTS, REPO, RunLog, interval, machine  # noqa: E402
+from bench.harness import QUICK_RESULTS, REPO, RunLog, fmt, interval, machine  # noqa: E402
 
 STARTUP_RESULTS = REPO / "bench" / "results" / "cifar_startup.json"
 
@@ -340,12 +340,6 @@ def report_of(runs: list[dict], args: argparse.Namespace) -> dict:
             conditions[condition]["published-pairs"] = published_pairs(rows, column)
             conditions[condition]["majority-floor"] = majority_floor(condition, args.seeds)
     return conditions
-
-
-def fmt(value: float | None, half: float | None = None, digits: int = 1) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:.{digits}f}" + ("" if half is None else f" ± {half:.{digits}f}")
 
 
 def loss_points(row: dict, rounds: tuple[int, ...] = (5, 10, 20)) -> str:

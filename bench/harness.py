@@ -32,6 +32,13 @@ def interval(values: list[float]) -> tuple[float, float]:
     return mean, T_975[len(values) - 1] * statistics.stdev(values) / math.sqrt(len(values))
 
 
+def fmt(value: float | None, half: float | None = None, digits: int = 1) -> str:
+    """A table's figure: ``value`` (and ``± half``, a 95% half-width) to ``digits`` places; "n/a" for ``None``."""
+    if value is None:
+        return "n/a"
+    return f"{value:.{digits}f}" + ("" if half is None else f" ± {half:.{digits}f}")
+
+
 def machine() -> str:
     """The machine and software a result was measured with."""
     import torch  # here, so a script measuring its own memory starts without it

@@ -49,7 +49,7 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
 
 from app.local.simulation import LocalSimulation  # noqa: E402
 from app.registry import METHODS  # noqa: E402
-from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, interval, machine, read_records  # noqa: E402
+from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, fmt, interval, machine, read_records  # noqa: E402
 from bench.personalised_setup import (  # noqa: E402
     DATASETS,
     METHOD_KEYS,
@@ -131,10 +131,6 @@ def ordering(methods: dict) -> dict:
             pairs.append({"lower": low, "higher": high, "holds": gap > 0, "gap": gap, "ci95": half,
                           "separated": abs(gap) > half > 0})  # fmt: skip
     return {"ours": ranked, "published": PUBLISHED_ORDER, "pairs": pairs}
-
-
-def fmt(value: float | None, digits: int = 1) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def markdown(report: dict) -> str:

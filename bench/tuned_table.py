@@ -42,7 +42,7 @@ from pathlib import Path
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, interval, machine  # noqa: E402
+from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, fmt, interval, machine  # noqa: E402
 from bench.personalised_setup import (  # noqa: E402
     B7_METHODS,
     B7_RESULTS,
@@ -217,12 +217,6 @@ def run_phase(args: argparse.Namespace, phase: str) -> None:
     codes = [w.wait() for w in workers]
     if any(codes):
         raise SystemExit(f"B9: a worker exited with {codes}")
-
-
-def fmt(value: float | None, half: float | None = None) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:.1f}" if half is None else f"{value:.1f} ± {half:.1f}"
 
 
 def keys_text(method: str, keys: dict) -> str:
