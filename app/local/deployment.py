@@ -21,7 +21,6 @@ import shlex
 import signal
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -40,14 +39,15 @@ from app.local.flwr_cli import FlwrCli, RunOutcome, flower_environment
 from app.local.processes import (
     PORT_IN_USE,
     Started,
+    first_exit,
     free_port,
     group_processes,
     hold_port,
     live_processes,
+    report,
     runtime_port,
     spawn,
     stop,
-    tail,
 )
 
 # what tests and benchmarks import from here beside LocalDeployment
@@ -146,6 +146,7 @@ class LocalDeployment:
         self.gate_port: int | None = None
         self.nodes: dict[int, Started] = {}
         self.extra_nodes: list[Started] = []
+        self.killed: set[int] = set()  # partitions whose SuperNode kill_node stopped on purpose
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -168,6 +169,7 @@ class LocalDeployment:
             self.certificates = make_certificates(self.workdir / "certificates", host=self.lan_host or "127.0.0.1")
         self.superlink, self.port = self._start_server("superlink", self._superlink_command, self.port)
         self.address = f"127.0.0.1:{self.port}"
+        self.superlink.adopt_descendants()  # its SuperExec, in a session of its own
         if self.lan_host:
             # the gate is stamen's own module: it runs from the folder holding this package, as installed or cloned
             path = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), self.env.get("PYTHONPATH")]))
@@ -264,7 +266,16 @@ class LocalDeployment:
 
     def kill_node(self, partition: int) -> None:
         """SIGKILL a SuperNode (a device that loses power): the SuperLink notices when its heartbeat expires."""
+        self.killed.add(partition)
         self.nodes[partition].stop(signal.SIGKILL)
+
+    def exited(self) -> str | None:
+        """The first of the SuperLink, the Fleet gate and the federation's SuperNodes that exited, with its log.
+
+        A SuperNode ``kill_node`` stopped and the extra nodes (``start_node(name=...)``) are expected to end.
+        """
+        nodes = [node for partition, node in self.nodes.items() if partition not in self.killed]
+        return first_exit(item for item in (self.superlink, self.gate, *nodes) if item)
 
     def _started(self) -> list[Started]:
         """Every process this deployment started: the SuperLink, the Fleet gate, the SuperNodes."""
@@ -299,24 +310,24 @@ class LocalDeployment:
         return self.cli.submit(app_dir or self.app_dir, text)
 
     def wait(self, run_id: str, *, timeout_s: float = 600) -> RunOutcome:
-        """Follow the run's log until it ends (or ``timeout_s``), then read its final status from ``flwr ls``."""
-        return self.cli.wait(run_id, timeout_s=timeout_s)
+        """Follow the run's log until it ends (or ``timeout_s``), then read its final status from ``flwr ls``.
+
+        Raises
+        ------
+        ProcessExitedError
+            As soon as a process of the deployment exits while the run is pending (:meth:`exited`).
+
+        """
+        return self.cli.wait(run_id, timeout_s=timeout_s, watch=self.exited)
 
     def wait_all(self, run_ids: list[str], *, timeout_s: float = 600, poll_s: float = 10.0) -> dict[str, str]:
         """Wait until every run in ``run_ids`` has a final status; returns run id -> status.
 
         One ``flwr ls`` every ``poll_s`` seconds covers all runs (each call costs about
-        a CPU-second, which the runs themselves need on a small machine).
+        a CPU-second, which the runs themselves need on a small machine). Raises
+        :class:`~app.local.processes.ProcessExitedError` as soon as a process of the deployment exits.
         """
-        deadline = time.monotonic() + timeout_s
-        while True:
-            statuses = self.cli.statuses()
-            mine = {run_id: statuses.get(run_id, "unknown") for run_id in run_ids}
-            if all(s.startswith("finished") for s in mine.values()) or time.monotonic() > deadline:
-                return mine
-            if self.superlink.process.poll() is not None:
-                raise RuntimeError(f"the SuperLink exited; log:\n{tail(self.superlink.log_path)}")
-            time.sleep(poll_s)
+        return self.cli.wait_all(run_ids, timeout_s=timeout_s, poll_s=poll_s, watch=self.exited)
 
     def run(self, run_config: dict[str, object] | str, *, timeout_s: float = 600) -> RunOutcome:
         """Submit, and wait for the run's final status and log."""
@@ -328,12 +339,7 @@ class LocalDeployment:
         For a failure message: a run stuck before round 1 usually means a SuperNode that
         never connected, which only its own log shows.
         """
-        parts = []
-        for item in self._started():
-            code = item.process.poll()
-            state = "running" if code is None else f"exited {code}"
-            parts.append(f"--- {item.name} ({state}), {item.log_path}:\n{tail(item.log_path, chars)}")
-        return "\n".join(parts)
+        return report(self._started(), chars)
 
     def commands(self) -> list[str]:
         """The commands this deployment ran, for copying into a real one."""

@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from app.local.processes import ProcessExitedError
 
 FINISHED_OK = "finished:completed"
 FLOWER_ENV = {
@@ -93,20 +96,64 @@ class FlwrCli:
         """Run id -> status of every run, from one ``flwr ls``."""
         return {str(run["run-id"]): run["status"] for run in self.json(["ls", *self.connection])["runs"]}
 
-    def follow(self, run_id: str, *, timeout_s: float) -> str:
-        """The run's log from ``flwr log --stream``, which returns when the run ends (or after ``timeout_s``)."""
-        try:
-            return subprocess.run(["flwr", "log", run_id, *self.connection, "--stream"], env=self.env, cwd=self.cwd,
-                                  capture_output=True, text=True, timeout=timeout_s).stdout  # fmt: skip
-        except subprocess.TimeoutExpired as err:
-            return err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
+    def follow(self, run_id: str, *, timeout_s: float, watch: Callable[[], str | None] | None = None) -> str:
+        """The run's log from ``flwr log --stream``, which returns when the run ends (or after ``timeout_s``).
 
-    def wait(self, run_id: str, *, timeout_s: float, since: float | None = None) -> RunOutcome:
-        """Follow the run until it ends (or ``timeout_s``), then read its final status.
+        ``watch`` is asked twice a second what went wrong (None: nothing): a SuperNode or
+        SuperLink that died leaves its run pending until the timeout, so its report ends the wait at once.
+
+        Raises
+        ------
+        ProcessExitedError
+            With ``watch``'s report (the process's name and log), as soon as it has one.
+
+        """
+        with tempfile.TemporaryFile() as out:  # a file, not a pipe: a long log never blocks the stream
+            stream = subprocess.Popen(["flwr", "log", run_id, *self.connection, "--stream"], env=self.env,
+                                      cwd=self.cwd, stdout=out, stderr=subprocess.DEVNULL)  # fmt: skip
+            deadline = time.monotonic() + timeout_s
+            try:
+                while stream.poll() is None and time.monotonic() < deadline:
+                    if watch is not None and (problem := watch()):
+                        raise ProcessExitedError(f"run {run_id} is pending, but {problem}")
+                    try:
+                        stream.wait(timeout=0.5)
+                    except subprocess.TimeoutExpired:
+                        pass
+            finally:
+                if stream.poll() is None:
+                    stream.kill()
+                    stream.wait()
+            out.seek(0)
+            return out.read().decode(errors="replace")
+
+    def wait(self, run_id: str, *, timeout_s: float, since: float | None = None,
+             watch: Callable[[], str | None] | None = None) -> RunOutcome:  # fmt: skip
+        """Follow the run until it ends (or ``timeout_s``, or ``watch`` reports a death), then read its final status.
 
         ``since`` (a ``time.perf_counter()``) starts the outcome's wall time; by default, now.
         """
         since = time.perf_counter() if since is None else since
-        log = self.follow(run_id, timeout_s=timeout_s)
+        log = self.follow(run_id, timeout_s=timeout_s, watch=watch)
         wall = time.perf_counter() - since  # the run ended with its log, before the `flwr ls` that reads its status
         return RunOutcome(run_id=run_id, status=self.status(run_id), wall_seconds=wall, log=log)
+
+    def wait_all(self, run_ids: list[str], *, timeout_s: float, poll_s: float,
+                 watch: Callable[[], str | None] | None = None) -> dict[str, str]:  # fmt: skip
+        """Wait until every run in ``run_ids`` has a final status (or ``timeout_s``); run id -> status.
+
+        One ``flwr ls`` every ``poll_s`` seconds covers all runs (each call costs about a
+        CPU-second, which the runs themselves need on a small machine); ``watch`` is asked
+        twice a second in between, as in :meth:`follow`.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            statuses = self.statuses()
+            mine = {run_id: statuses.get(run_id, "unknown") for run_id in run_ids}
+            if all(s.startswith("finished") for s in mine.values()) or time.monotonic() > deadline:
+                return mine
+            polled = time.monotonic()
+            while time.monotonic() - polled < poll_s:
+                if watch is not None and (problem := watch()):
+                    raise ProcessExitedError(f"runs {', '.join(run_ids)} are pending, but {problem}")
+                time.sleep(0.5)

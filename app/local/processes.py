@@ -23,6 +23,10 @@ PORT_TRIES = 3  # starts of one process, each on a fresh port, before a launcher
 PORT_IN_USE = "address already in use"  # what a SuperLink or SuperNode logs when another process took its port
 
 
+class ProcessExitedError(RuntimeError):
+    """A process a launcher started exited while a run was pending; the message names it and ends with its log."""
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as sock:
@@ -43,6 +47,13 @@ class Started:
     command: list[str]
     log_path: Path
     process: subprocess.Popen = field(repr=False)
+    adopted: list[int] = field(default_factory=list)  # groups its descendants made (Flower's SuperExec)
+
+    def adopt_descendants(self) -> None:
+        """Remember the process groups of its descendants now: once it died, nothing would lead to them."""
+        for group in with_descendant_groups([self.process.pid]):
+            if group != self.process.pid and group not in self.adopted:
+                self.adopted.append(group)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Signal the process group (the SuperNode's ClientApp and the SuperLink's ServerApp with it)."""
@@ -65,6 +76,16 @@ def spawn(name: str, command: list[str], *, log_path: Path, env: Mapping[str, st
         process = subprocess.Popen(command, env=dict(env), cwd=cwd, stdout=handle, stderr=subprocess.STDOUT,
                                    start_new_session=True)  # fmt: skip
     return Started(name=name, command=command, log_path=log_path, process=process)
+
+
+def report(started: Iterable[Started], chars: int = 1500) -> str:
+    """Each process: running or its exit code, and the end of its log (for a failure message)."""
+    parts = []
+    for item in started:
+        code = item.process.poll()
+        state = "running" if code is None else f"exited {code}"
+        parts.append(f"--- {item.name} ({state}), {item.log_path}:\n{tail(item.log_path, chars)}")
+    return "\n".join(parts)
 
 
 def first_exit(started: Iterable[Started]) -> str | None:
@@ -227,11 +248,13 @@ def _signal_groups(groups: Iterable[int], sig: int) -> None:
 def stop(started: Sequence[Started], *, grace_s: float = 10, kill_s: float = 10) -> None:
     """Stop every process group of ``started`` (and of their descendants): SIGTERM, ``grace_s``, then SIGKILL.
 
-    SIGTERM goes to the groups in the order given; each process gets ``grace_s`` seconds
-    to exit (and is reaped). A SuperLink stopped while runs are pending may still be
-    starting a ServerApp in its group: SIGKILL goes to the groups until nothing lives in them.
+    Groups a process's descendants made are found now, and the ones it adopted earlier
+    (:meth:`Started.adopt_descendants`) are added. SIGTERM goes to the groups in the order
+    given; each process gets ``grace_s`` seconds to exit (and is reaped). A SuperLink stopped
+    while runs are pending may still be starting a ServerApp in its group: SIGKILL goes to the
+    groups until nothing lives in them.
     """
-    groups = with_descendant_groups([item.process.pid for item in started])
+    groups = with_descendant_groups([group for item in started for group in (item.process.pid, *item.adopted)])
     _signal_groups(groups, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     for item in started:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from app.local.flower_text import run_config_text
 from app.local.flwr_cli import FINISHED_OK, FlwrCli, RunOutcome, flower_environment
-from app.local.processes import Started, free_port, spawn, stop, tail
+from app.local.processes import Started, first_exit, free_port, spawn, stop, tail
 
 __all__ = ["FINISHED_OK", "LocalSimulation", "RunOutcome", "free_port"]  # what scripts and tests import from here
 SUPERLINK_START_S = 60  # flwr's own start waits 15 s, too short for a busy 2-core machine
@@ -101,6 +101,7 @@ class LocalSimulation:
             if self.superlink.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the local SuperLink did not start; log:\n{tail(self.superlink.log_path)}")
             time.sleep(0.2)
+        self.superlink.adopt_descendants()  # its SuperExec, in a session of its own
 
     def _healthy(self) -> bool:
         """Whether the SuperLink answers ``/health``, as ``flwr`` asks before it would start one itself."""
@@ -113,14 +114,23 @@ class LocalSimulation:
     def submit(self, *, run_config: dict[str, object], num_supernodes: int, extra_federation: str = "") -> str:
         """Submit one run and return its run id, without waiting for it (see :meth:`wait`)."""
         self.start()
+        self.superlink.adopt_descendants()  # a SuperExec that was late at the start
         federation = f"num-supernodes={num_supernodes} {extra_federation}".strip()
         run_id = self.cli.submit(self.app_dir, run_config_text(run_config), ["--federation-config", federation])
         self._submitted[run_id] = time.perf_counter()
         return run_id
 
     def wait(self, run_id: str, *, timeout_s: float = 1800) -> RunOutcome:
-        """Wait for a submitted run to end; its status, and the seconds since it was submitted."""
-        return self.cli.wait(run_id, timeout_s=timeout_s, since=self._submitted.pop(run_id, None))
+        """Wait for a submitted run to end; its status, and the seconds since it was submitted.
+
+        Raises
+        ------
+        ProcessExitedError
+            As soon as the SuperLink has exited while the run is pending (with its log).
+
+        """
+        since = self._submitted.pop(run_id, None)
+        return self.cli.wait(run_id, timeout_s=timeout_s, since=since, watch=lambda: first_exit([self.superlink]))
 
     def run(
         self, *, run_config: dict[str, object], num_supernodes: int, timeout_s: float = 1800, extra_federation: str = ""
