@@ -18,24 +18,17 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from app.local.credentials import Certificates, NodeKey, make_certificates, make_node_key
-from app.local.deployment_commands import (
-    connection_file,
-    gate_command,
-    node_config,
-    superlink_command,
-    supernode_options,
-    tls_problem,
-    url_host,
-)
-from app.local.flower_text import option_string, run_config_text
-from app.local.flwr_cli import FlwrCli, RunOutcome, flower_environment
+from app.local.credentials import Certificates, make_certificates
+from app.local.deployment_commands import connection_file, gate_command, superlink_command, tls_problem, url_host
+from app.local.deployment_nodes import DeploymentNodes
+from app.local.deployment_runs import CONNECTION, DeploymentRuns
+from app.local.flower_text import option_string
+from app.local.flwr_cli import FlwrCli, flower_environment
 from app.local.processes import (
     PORT_IN_USE,
     Started,
@@ -45,25 +38,25 @@ from app.local.processes import (
     hold_port,
     live_processes,
     report,
-    runtime_port,
     spawn,
     stop,
 )
 
 # what tests and benchmarks import from here beside LocalDeployment
 __all__ = ["CONNECTION", "PORT_IN_USE", "LocalDeployment", "group_processes", "live_processes"]
-CONNECTION = "stamen-local"
 PACKAGE = __package__ or "app"  # app.local in a clone, stamen.app.local where installed
 PACKAGE_ROOT = Path(__file__).resolve().parents[len(PACKAGE.split("."))]  # the clone, or site-packages
 
 
-class LocalDeployment:
+class LocalDeployment(DeploymentNodes, DeploymentRuns):
     """A SuperLink and ``num_nodes`` SuperNodes on 127.0.0.1; a context manager that stops them all.
 
     The SuperLink always listens on 127.0.0.1: flwr 1.42 serves its Control API (runs,
     node registration) on the same listener as the Fleet API, without credentials
     (docs/deployment.md#on-a-lan-with-edge-devices). With ``lan_host`` the devices reach the
     Fleet API through the Fleet gate (``app/local/fleet_gate.py``) on that address instead.
+    Its SuperNodes' methods are :class:`~app.local.deployment_nodes.DeploymentNodes`', its runs'
+    :class:`~app.local.deployment_runs.DeploymentRuns`'.
 
     Parameters
     ----------
@@ -201,17 +194,6 @@ class LocalDeployment:
         return superlink_command(port=port, database=self.workdir / "superlink.db", tls=self.tls,
                                  certificates=self.certificates, node_auth=self.node_auth)  # fmt: skip
 
-    def _await_node(self, partition: int) -> None:
-        """Wait until the SuperNode of ``partition`` serves its Runtime API; restart it on a fresh port if it lost it.
-
-        Only a plain ``flower-supernode`` is checked: a warm or installed device picks its port itself.
-        """
-        node = self.nodes[partition]
-        if (port := runtime_port(node.command)) is not None:
-            without_port = node.command[: node.command.index("--port")]
-            hold_port(node, port, lambda fresh: self._spawn_node(partition, node.name, [*without_port, "--port",
-                                                                                       str(fresh)]))  # fmt: skip
-
     def _write_connection(self) -> None:
         """``flwr``'s connection to the SuperLink (never the Fleet gate: it refuses the Control API)."""
         text = connection_file(CONNECTION, address=self.address, certificates=self.certificates)
@@ -220,54 +202,6 @@ class LocalDeployment:
     def _spawn(self, name: str, command: list[str], *, env: dict[str, str] | None = None,
                cwd: Path | None = None) -> Started:  # fmt: skip
         return spawn(name, command, log_path=self.logs / f"{name}.log", env=env or self.env, cwd=cwd or self.workdir)
-
-    def node_command(self, partition: int, *, key: NodeKey | None = None) -> list[str]:
-        """The ``flower-supernode`` command for partition ``partition``."""
-        own_data = self.node_data[partition] if self.node_data and partition < len(self.node_data) else None
-        options = supernode_options(superlink=self.fleet_address, tls=self.tls, certificates=self.certificates,
-                                    node_config=node_config(partition, self.num_nodes, data_dir=own_data,
-                                                            numbered=self.numbered), key=key)  # fmt: skip
-        if partition in self.devices:  # a device of its own: it picks its Runtime API port itself
-            return [*self.devices[partition], *options]
-        if self.warm:  # the device picks the port of its SuperNode's Runtime API itself
-            return [sys.executable, "-m", "app.device", *options]
-        return ["flower-supernode", *options, "--port", str(free_port())]
-
-    def start_node(self, partition: int, *, register: bool = True, name: str = "") -> Started:
-        """Start the SuperNode of ``partition``.
-
-        With node authentication, ``register=False`` leaves its key unknown to the
-        SuperLink (a device nobody enrolled). A ``name`` starts an extra node beside
-        the federation's own (``kill_node`` and the partition map ignore it).
-        """
-        name = name or f"supernode-{partition}"
-        key = None
-        if self.node_auth:
-            key = make_node_key(self.workdir / "keys", name)
-            if register:
-                self.flwr(["supernode", "register", str(key.public), CONNECTION])
-        # a warm device runs stamen's app.device from the app's folder (stamen's packages are not installed)
-        env = {**self.env, "PYTHONPATH": str(self.app_dir)} if self.warm else None
-        cwd = None
-        if partition in self.devices:  # an installed device: no clone on its path, an empty folder to run in
-            env = {k: v for k, v in self.env.items() if k != "PYTHONPATH"}
-            cwd = self.workdir / f"device-{partition}"
-            cwd.mkdir(parents=True, exist_ok=True)
-        return self._spawn_node(partition, name, self.node_command(partition, key=key), env=env, cwd=cwd)
-
-    def _spawn_node(self, partition: int, name: str, command: list[str], *, env: dict[str, str] | None = None,
-                    cwd: Path | None = None) -> Started:  # fmt: skip
-        node = self._spawn(name, command, env=env, cwd=cwd)
-        if name == f"supernode-{partition}":
-            self.nodes[partition] = node
-        else:
-            self.extra_nodes.append(node)
-        return node
-
-    def kill_node(self, partition: int) -> None:
-        """SIGKILL a SuperNode (a device that loses power): the SuperLink notices when its heartbeat expires."""
-        self.killed.add(partition)
-        self.nodes[partition].stop(signal.SIGKILL)
 
     def exited(self) -> str | None:
         """The first of the SuperLink, the Fleet gate and the federation's SuperNodes that exited, with its log.
@@ -290,48 +224,6 @@ class LocalDeployment:
         stop(self._started()[::-1])  # the SuperNodes first, the SuperLink last
         if self._tmp:
             self._tmp.cleanup()
-
-    # --------------------------------------------------------------------- runs
-
-    def flwr(self, args: list[str], timeout: float = 120) -> dict:
-        """``flwr <args> --format json`` against this deployment, parsed."""
-        return self.cli.json(args, timeout)
-
-    def status(self, run_id: str) -> str:
-        """The run's status as ``flwr ls`` reports it (``finished:completed`` when it succeeded)."""
-        return self.cli.status(run_id)
-
-    def submit(self, run_config: dict[str, object] | str, *, app_dir: Path | None = None) -> str:
-        """Submit the app (``app_dir``, default the deployment's) with ``run_config``; returns the run id.
-
-        ``run_config`` is a dict, or ``--run-config`` text.
-        """
-        text = run_config if isinstance(run_config, str) else run_config_text(run_config)
-        return self.cli.submit(app_dir or self.app_dir, text)
-
-    def wait(self, run_id: str, *, timeout_s: float = 600) -> RunOutcome:
-        """Follow the run's log until it ends (or ``timeout_s``), then read its final status from ``flwr ls``.
-
-        Raises
-        ------
-        ProcessExitedError
-            As soon as a process of the deployment exits while the run is pending (:meth:`exited`).
-
-        """
-        return self.cli.wait(run_id, timeout_s=timeout_s, watch=self.exited)
-
-    def wait_all(self, run_ids: list[str], *, timeout_s: float = 600, poll_s: float = 10.0) -> dict[str, str]:
-        """Wait until every run in ``run_ids`` has a final status; returns run id -> status.
-
-        One ``flwr ls`` every ``poll_s`` seconds covers all runs (each call costs about
-        a CPU-second, which the runs themselves need on a small machine). Raises
-        :class:`~app.local.processes.ProcessExitedError` as soon as a process of the deployment exits.
-        """
-        return self.cli.wait_all(run_ids, timeout_s=timeout_s, poll_s=poll_s, watch=self.exited)
-
-    def run(self, run_config: dict[str, object] | str, *, timeout_s: float = 600) -> RunOutcome:
-        """Submit, and wait for the run's final status and log."""
-        return self.wait(self.submit(run_config), timeout_s=timeout_s)
 
     def report(self, chars: int = 1500) -> str:
         """Each process this deployment started: running or its exit code, and the end of its log.
