@@ -24,7 +24,8 @@ from flwr.server.client_proxy import ClientProxy
 from strategies.contracts.common import PARTITION_ID
 from strategies.contracts.payload import LAYOUT, MODEL, layout_of, sets_problem
 from strategies.node_data import data_lines
-from strategies.preflight import PreflightError, connected, preflight, wait_for
+from strategies.preflight import connected, preflight, wait_for
+from strategies.preflight_errors import PreflightError
 from strategies.records import evaluation_summary, fit_summary
 from strategies.reply_screen import Failures
 from strategies.screening import evaluate_reply_problem, is_non_finite

@@ -5,8 +5,9 @@ the first round's fit config, so it also checks that config against its data; th
 answers are kept in the run's :class:`strategies.nodes.NodeDirectory`. A node that
 connects later is asked when it is first needed (:func:`connected`). A node whose own
 data is at fault (scope ``node``) is left out of the run with its reason logged, and so
-is a deployed device running other stamen code; any other fault stops the run
-(:class:`PreflightError`, one line per cause: ``failures.py`` groups them).
+is a deployed device running other stamen code (``stale_code.py``); any other fault stops
+the run (:class:`PreflightError`, one line per cause, ``preflight_errors.py``: ``failures.py``
+groups them).
 """
 
 from __future__ import annotations
@@ -19,30 +20,22 @@ from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from strategies.contracts.code import CODE_FINGERPRINT, CODE_LOCATION, code_mismatch
-from strategies.contracts.common import (
-    DATA_DIR,
-    NUM_PARTITIONS,
-    PARTITION_ID,
-    PREFLIGHT_DETAIL,
-    PREFLIGHT_ERROR,
-    PREFLIGHT_SCOPE,
-    RAY_NODE,
-)
-from strategies.failures import group_by_cause, problem_of, scope_of
-from strategies.grid_transport import NO_REPLY, ask_properties, reply_seconds
+from strategies.contracts.common import DATA_DIR, NUM_PARTITIONS, PARTITION_ID
+from strategies.failures import problem_of, scope_of
+from strategies.grid_transport import ask_properties, reply_seconds
 from strategies.node_text import escaped
-from strategies.nodes import Declared, NodeDirectory, PropertyError, checked, is_int, screened
+from strategies.nodes import Declared, NodeDirectory, PropertyError, checked, screened
+from strategies.preflight_errors import (
+    MixedCodeError,
+    PreflightError,
+    condensed,
+    details,
+    failure_groups,
+    preflight_error,
+)
+from strategies.stale_code import is_stale_run, screen_code
 
 WAIT_S = 600  # how long to wait for nodes to connect
-REPLY_KEY = "preflight-timeout"
-STALE = "stale code"  # the preflight detail of a node refused for running other stamen code
-RUN_HINT = (
-    ": a run must not mix two versions of stamen. With `flwr run .` this means a local SuperLink started in another "
-    "folder serves this run and its clients import that folder's code; stop that SuperLink or give this run its own "
-    "(docs/troubleshooting.md#two-checkouts has the commands)"
-)
-DEVICE_HINT = ": this device is left out; restart its SuperNode so that it runs the app of this run"
 
 
 def wait_for(client_manager: ClientManager, count: int) -> None:
@@ -152,22 +145,6 @@ def _ask(
     return [screen_code(answer, nodes.code) for answer in asked]
 
 
-def screen_code(answer: dict[str, Scalar] | Exception, code: dict[str, str]) -> dict[str, Scalar] | Exception:
-    """``answer``, or a problem answer when the node runs other stamen code than the server (``code``).
-
-    A deployed node (one not simulated on Ray) that runs other code is left out
-    (scope ``node``): only that device is stale. A simulated node means that the run
-    itself mixes code (scope ``run``: it stops).
-    """
-    if isinstance(answer, Exception):
-        return answer
-    mismatch = code_mismatch(answer, fingerprint=code[CODE_FINGERPRINT], location=code[CODE_LOCATION])
-    if mismatch is None:
-        return answer
-    device = not answer.get(RAY_NODE)
-    return {**answer, PREFLIGHT_ERROR: mismatch + (DEVICE_HINT if device else RUN_HINT),
-            PREFLIGHT_SCOPE: "node" if device else "run", PREFLIGHT_DETAIL: STALE}  # fmt: skip
-
 
 def connected(nodes: NodeDirectory, client_manager: ClientManager) -> dict[int, ClientProxy]:
     """Partition -> a connected node serving it; a node not seen before is asked its partition first.
@@ -211,89 +188,6 @@ def connected(nodes: NodeDirectory, client_manager: ClientManager) -> dict[int, 
 
 def _not_excluded(nodes: NodeDirectory, client_manager: ClientManager) -> dict[str, ClientProxy]:
     return {cid: proxy for cid, proxy in client_manager.all().items() if cid not in nodes.excluded}
-
-
-class PreflightError(RuntimeError):
-    """Some nodes cannot start: ``lines`` has one line per distinct cause, ``detail`` every node's full report.
-
-    ``groups`` holds the causes as data (:func:`failure_groups`), for ``summary.json``.
-    """
-
-    def __init__(self, lines: list[str], detail: str, groups: list[dict] | None = None) -> None:
-        super().__init__("stamen preflight: " + "; ".join(lines))
-        self.lines = lines
-        self.detail = detail
-        self.groups = groups or []
-
-
-class MixedCodeError(PreflightError):
-    """Round 1 of a run without a preflight found simulated clients running other stamen code than the server."""
-
-    def __str__(self) -> str:
-        return "stamen: before round 1: " + "; ".join(self.lines)
-
-
-def is_stale_run(answer: dict[str, Scalar] | Exception) -> bool:
-    """Whether ``answer`` is :func:`screen_code`'s refusal of a run that mixes two stamens."""
-    return isinstance(answer, dict) and answer.get(PREFLIGHT_DETAIL) == STALE and answer.get(PREFLIGHT_SCOPE) == "run"
-
-
-def _who(proxy: ClientProxy, answer: dict[str, Scalar] | Exception) -> int | str:
-    """A node's partition when it names one, else its data-dir, else its (random) node id; strings escaped.
-
-    A problem answer is not checked (:func:`checked`): a ``partition-id`` that is not a
-    non-negative int is passed over.
-    """
-    partition = -1 if isinstance(answer, Exception) else answer.get(PARTITION_ID, -1)
-    if is_int(partition) and partition >= 0:
-        return partition
-    if isinstance(answer, dict) and answer.get(DATA_DIR):
-        return f"data-dir {escaped(answer[DATA_DIR])}"
-    return f"node {escaped(proxy.cid)}"
-
-
-def failure_groups(problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]], asked: int) -> list[dict]:
-    """The problems grouped by cause, most common first: ``cause``, ``count``, ``asked``, the first few ``clients``.
-
-    The groups are those of every failure (:func:`strategies.failures.group_by_cause`, node
-    ids taken out of the causes), with the server's advice on a cause it names itself.
-    """
-    groups = group_by_cause((_who(proxy, answer), problem_of(answer) or "") for proxy, answer in problems)
-    return [{"cause": g["cause"] + _advice(g["cause"], g["count"], asked), "count": g["count"], "asked": asked,
-             "clients": g["clients"]} for g in groups]  # fmt: skip
-
-
-def _advice(cause: str, silent: int, asked: int) -> str:
-    """What to do about a cause the server itself names (no reply within the wait)."""
-    if not cause.startswith(NO_REPLY):
-        return ""
-    return (f" ({asked - silent} of {asked} answered; run config key {REPLY_KEY!r} sets the wait: raise it on a "
-            "loaded machine or a large federation, where each node's first message imports torch and loads its data)")
-
-
-def preflight_error(
-    problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]], asked: int,
-    kind: type[PreflightError] | None = None,
-) -> PreflightError:
-    """The error (``kind``, default :class:`PreflightError`) for ``problems``: its lines, every report, its groups."""
-    groups = failure_groups(problems, asked)
-    return (kind or PreflightError)(condensed(groups), details(problems), groups)
-
-
-def condensed(groups: list[dict]) -> list[str]:
-    """One line per group (:func:`failure_groups`): how many clients of those asked, which ones, and the cause."""
-    return [f"{g['count']} of {g['asked']} clients ({', '.join(g['clients'])}): {g['cause']}" for g in groups]
-
-
-def details(problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]]) -> str:
-    """Every failing node's full report (its traceback), for a log file."""
-    parts = []
-    for proxy, answer in problems:
-        who = _who(proxy, answer)
-        label = f"partition {who} (node {proxy.cid})" if isinstance(who, int) else str(who)
-        body = str(answer) if isinstance(answer, Exception) else str(answer.get(PREFLIGHT_DETAIL, ""))
-        parts.append(f"===== {label}: {problem_of(answer)}\n{body.rstrip()}\n")
-    return "\n".join(parts)
 
 
 def warn_of_batch(config: dict[str, Scalar], sizes: list[int | None], *, sampled: bool = False) -> None:
