@@ -19,8 +19,8 @@ from app.server_app import build_server_app
 from clients.app_data import AppDataError
 from clients.models import Model, build_model, card_of, register_model
 from datasets import ClientData
-from strategies.contracts.common import Settings
 from strategies.contracts.models import ModelCard
+from strategies.contracts.settings import Settings
 from strategies.server import RoundServer
 
 __all__ = [

@@ -27,8 +27,8 @@ from clients.models import build_model
 from clients.state import ClientState
 from clients.unavailable import UnavailableClient
 from datasets import USER_DATASETS, ClientData, hold_out_validation, load_client_data, load_node_data
-from strategies.contracts.common import Settings
 from strategies.contracts.models import ModelCard
+from strategies.contracts.settings import Settings
 
 
 @dataclass(frozen=True)

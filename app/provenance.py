@@ -19,8 +19,8 @@ from importlib import metadata
 from pathlib import Path
 
 from app.workdir import STARTED_IN, installed_from_a_fab
+from strategies.contracts.client_reports import DATA_FINGERPRINT, NUM_TEST, NUM_TRAIN
 from strategies.contracts.code import code_fingerprint, code_root
-from strategies.contracts.common import DATA_FINGERPRINT, NUM_TEST, NUM_TRAIN
 
 LIBRARIES = ("flwr", "torch", "numpy", "ray")
 # What decides a run's numbers in a checkout: a change here makes it dirty.

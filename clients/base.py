@@ -35,8 +35,7 @@ from clients.training import (
 )
 from clients.unavailable import UnavailableClient
 from datasets import ClientData, LocalDataError, class_counts
-from strategies.contracts.code import code_identity
-from strategies.contracts.common import (
+from strategies.contracts.client_reports import (
     ACCURACY,
     DATA_DIR,
     DATA_FINGERPRINT,
@@ -56,14 +55,15 @@ from strategies.contracts.common import (
     TEST_CLASSES,
     TRAIN_CLASSES,
     TRAIN_LOSS,
-    Settings,
-    TrainingSettings,
 )
+from strategies.contracts.code import code_identity
+from strategies.contracts.common import TrainingSettings
 from strategies.contracts.contract import Contract, MethodSettings
 from strategies.contracts.fathom import PHI
 from strategies.contracts.fedavg import CONTRACT as FEDAVG
 from strategies.contracts.keys import ConfigError
 from strategies.contracts.payload import LAYOUT, MODEL, PayloadError, pack, sets_problem, unpack
+from strategies.contracts.settings import Settings
 
 PERSONAL_LAYERS = "personal-layers"  # the name under which a client keeps its personal arrays in Context.state
 

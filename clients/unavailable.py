@@ -15,8 +15,7 @@ import numpy as np
 from flwr.client import NumPyClient
 
 from datasets import LocalDataError
-from strategies.contracts.code import code_identity
-from strategies.contracts.common import (
+from strategies.contracts.client_reports import (
     DATA_DIR,
     NUM_PARTITIONS,
     PARTITION_ID,
@@ -24,6 +23,7 @@ from strategies.contracts.common import (
     PREFLIGHT_ERROR,
     PREFLIGHT_SCOPE,
 )
+from strategies.contracts.code import code_identity
 
 DETAIL_CHARS = 20_000  # a message's properties are small; the traceback's tail is what matters
 

@@ -59,10 +59,11 @@ from flwr.common.logger import log
 from flwr.server.strategy import Strategy
 
 from strategies.aggregation import aggregate
-from strategies.contracts.common import EVALUATE_METRICS, FIT_METRICS, Settings
+from strategies.contracts.client_reports import EVALUATE_METRICS, FIT_METRICS
 from strategies.contracts.contract import Contract
 from strategies.contracts.fedavg import CONTRACT as FEDAVG
 from strategies.contracts.models import ModelLayout
+from strategies.contracts.settings import Settings
 from strategies.flower_api import PREFLIGHT_LOG, FlowerApi
 from strategies.global_model import GlobalModelPart
 from strategies.nodes import NodeDirectory

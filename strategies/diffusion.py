@@ -12,7 +12,7 @@ from strategies.aggregation import flatten, unflatten
 from strategies.base import FederatedStrategy
 from strategies.checkpoint import CheckpointError
 from strategies.combinations import combine, disagreement
-from strategies.contracts.common import NUM_PARTITIONS
+from strategies.contracts.client_reports import NUM_PARTITIONS
 from strategies.contracts.diffusion import CONTRACT
 from strategies.screening import Reply
 from strategies.topology import Network, build_network

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 from flwr.common import Scalar
 
-from strategies.contracts.common import PREFLIGHT_ERROR, PREFLIGHT_SCOPE
+from strategies.contracts.client_reports import PREFLIGHT_ERROR, PREFLIGHT_SCOPE
 from strategies.grid_transport import client_error
 from strategies.node_text import PROBLEM_CHARS, escaped
 

@@ -21,7 +21,7 @@ from flwr.server import Server
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from strategies.contracts.common import PARTITION_ID
+from strategies.contracts.client_reports import PARTITION_ID
 from strategies.contracts.payload import LAYOUT, MODEL, layout_of, sets_problem
 from strategies.node_data import data_lines
 from strategies.preflight import connected, preflight, wait_for

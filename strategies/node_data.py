@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from flwr.common import Scalar
 
-from strategies.contracts.common import (
+from strategies.contracts.client_reports import (
     DATA_DIR,
     DATA_FINGERPRINT,
     NUM_TEST,

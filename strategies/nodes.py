@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from flwr.common import Scalar
 from flwr.server.client_proxy import ClientProxy
 
-from strategies.contracts.code import CODE_FINGERPRINT, CODE_LOCATION, code_identity
-from strategies.contracts.common import (
+from strategies.contracts.client_reports import (
     DATA_DIR,
     DATA_FINGERPRINT,
     NUM_PARTITIONS,
@@ -41,6 +40,7 @@ from strategies.contracts.common import (
     TEST_CLASSES,
     TRAIN_CLASSES,
 )
+from strategies.contracts.code import CODE_FINGERPRINT, CODE_LOCATION, code_identity
 from strategies.failures import problem_of
 from strategies.node_data import data_report, ray_nodes
 from strategies.node_text import PROBLEM_CHARS, escaped, shown

@@ -20,7 +20,7 @@ from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from strategies.contracts.common import DATA_DIR, NUM_PARTITIONS, PARTITION_ID
+from strategies.contracts.client_reports import DATA_DIR, NUM_PARTITIONS, PARTITION_ID
 from strategies.failures import problem_of, scope_of
 from strategies.grid_transport import ask_properties, reply_seconds
 from strategies.node_text import escaped

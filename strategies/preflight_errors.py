@@ -10,7 +10,7 @@ from __future__ import annotations
 from flwr.common import Scalar
 from flwr.server.client_proxy import ClientProxy
 
-from strategies.contracts.common import DATA_DIR, PARTITION_ID, PREFLIGHT_DETAIL
+from strategies.contracts.client_reports import DATA_DIR, PARTITION_ID, PREFLIGHT_DETAIL
 from strategies.failures import group_by_cause, problem_of
 from strategies.grid_transport import NO_REPLY
 from strategies.node_text import escaped

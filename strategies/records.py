@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from strategies.contracts.common import ACCURACY, GLOBAL_ACCURACY, GLOBAL_LOSS, TRAIN_LOSS
+from strategies.contracts.client_reports import ACCURACY, GLOBAL_ACCURACY, GLOBAL_LOSS, TRAIN_LOSS
 from strategies.contracts.contract import Metric
 from strategies.screening import Reply
 from strategies.summaries import summarise, weighted_mean

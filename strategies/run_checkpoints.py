@@ -19,7 +19,7 @@ from strategies.checkpoint import (
     model_arrays,
     state_problem,
 )
-from strategies.contracts.common import PARTITION_ID
+from strategies.contracts.client_reports import PARTITION_ID
 
 # What a method's or the tuner's restore raises on a state of the wrong shape (a missing key, a string
 # where a number goes, an array too short); a checkpoint is input, so each is reported as a CheckpointError.

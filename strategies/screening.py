@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from strategies.contracts.common import MAX_REASONABLE_LOSS
+from strategies.contracts.client_reports import MAX_REASONABLE_LOSS
 from strategies.contracts.contract import Metric
 
 

@@ -20,7 +20,7 @@ from flwr.common import Scalar
 from flwr.common.logger import log
 
 from strategies.aggregation import flatten
-from strategies.contracts.common import START_LOSS, TRAIN_LOSS
+from strategies.contracts.client_reports import START_LOSS, TRAIN_LOSS
 from strategies.contracts.contract import Metric
 from strategies.contracts.fathom import CONTRACT as FATHOM
 from strategies.contracts.fathom import PHI, FathomSettings

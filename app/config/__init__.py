@@ -16,8 +16,8 @@ from app.config.parse import parse_settings
 from app.config.rules import tuned_keys
 from app.config.run_config_text import run_config_from_text
 from app.config.server_rules import check_model, check_on_server, model_layout
-from strategies.contracts.common import Settings
 from strategies.contracts.keys import ConfigError
+from strategies.contracts.settings import Settings
 
 __all__ = ["ConfigError", "Settings", "app_keys", "check_model", "check_on_server", "ignored_keys",
            "ignored_keys_line", "key_specs", "looks_like_stamen_key", "main", "model_layout", "parse_settings",

@@ -12,9 +12,10 @@ from collections.abc import Mapping, Sequence
 
 from app.registry import CONTRACTS
 from datasets import APP_DATA
-from strategies.contracts.common import DATA_KEY_SCOPES, LOCAL_TRAINING_KEYS, SHARED_GROUPS, Settings
+from strategies.contracts.common import DATA_KEY_SCOPES, LOCAL_TRAINING_KEYS, SHARED_GROUPS
 from strategies.contracts.contract import Contract
 from strategies.contracts.keys import KeyedSettings, KeySpec
+from strategies.contracts.settings import Settings
 
 
 def key_specs(contracts: Mapping[str, Contract] = CONTRACTS) -> dict[str, tuple[type[KeyedSettings], KeySpec]]:

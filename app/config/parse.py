@@ -14,10 +14,11 @@ from app.config.keys import did_you_mean, unknown_keys_problem
 from app.config.rules import check_settings
 from app.registry import CONTRACTS
 from clients.models import model_cards
-from strategies.contracts.common import DataSettings, ExecutionSettings, RunSettings, Settings, TrainingSettings
+from strategies.contracts.common import DataSettings, ExecutionSettings, RunSettings, TrainingSettings
 from strategies.contracts.contract import Contract
 from strategies.contracts.keys import ConfigError
 from strategies.contracts.models import ModelCard
+from strategies.contracts.settings import Settings
 
 
 def model_card(name: str, models: Mapping[str, ModelCard]) -> ModelCard:

@@ -24,10 +24,11 @@ from app.config.keys import key_specs
 from app.registry import CONTRACTS
 from app.run_folder import run_name_problem
 from datasets import APP_DATA, GENERATED, USER_DATASETS
-from strategies.contracts.common import AVERAGES, REGRESSION_DATASETS, ROBUST, Settings
+from strategies.contracts.common import AVERAGES, REGRESSION_DATASETS, ROBUST
 from strategies.contracts.contract import Contract, TunerSettings
 from strategies.contracts.keys import ConfigError
 from strategies.contracts.personal import WholeModel
+from strategies.contracts.settings import Settings
 
 
 @dataclass(frozen=True)

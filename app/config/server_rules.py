@@ -16,10 +16,10 @@ from app.registry import CONTRACTS
 from app.workdir import resolved
 from clients.models import build_model, layout_of
 from datasets import dataset_shape
-from strategies.contracts.common import Settings
 from strategies.contracts.contract import Contract
 from strategies.contracts.keys import ConfigError
 from strategies.contracts.models import ModelLayout
+from strategies.contracts.settings import Settings
 
 
 def check_inputs(settings: Settings, input_shape: tuple[int, ...]) -> None:

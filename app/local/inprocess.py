@@ -36,7 +36,7 @@ from app.config import parse_settings
 from app.server_app import build_strategy
 from clients.base import TorchClient
 from strategies.base import FederatedStrategy
-from strategies.contracts.common import Settings
+from strategies.contracts.settings import Settings
 
 OK = Status(code=Code.OK, message="")
 

@@ -1,8 +1,9 @@
-"""The keys and metrics every method shares, and ``Settings``: a whole run's settings, typed.
+"""The run-config keys every method shares, in four typed groups, and their bounds.
 
 The shared keys come in four groups (the run, the data, the model and local training,
 the execution); each method adds its own group of ``<method>-...`` keys in its
-contract. A run-config key belongs to exactly one group.
+contract. A run-config key belongs to exactly one group. What every client reports is
+``client_reports.py``'s; a whole run's settings, these groups together, ``settings.py``'s.
 """
 
 from __future__ import annotations
@@ -20,15 +21,14 @@ from datasets import (
     PAPER_VARIANTS,
     PARTITIONERS,
     USER_DATASETS,
-    DataSpec,
-    PartitionSpec,
     parse_channel_values,
     parse_classes,
     parse_shape,
 )
-from strategies.contracts.contract import MethodSettings, Metric
+
+# re-exported: tests/test_strategy_base.py and bench/step_signals.py import these from here
+from strategies.contracts.client_reports import EVALUATE_METRICS, FIT_METRICS, START_LOSS, TRAIN_LOSS  # noqa: F401
 from strategies.contracts.keys import ConfigError, KeyedSettings, key
-from strategies.contracts.models import ModelCard
 
 # the weighted means, then rules a few outsized replies cannot move far (strategies/aggregation.py; Yin et al.,
 # ICML 2018; Blanchard et al., NeurIPS 2017)
@@ -41,50 +41,10 @@ TUNERS = ("none", "fathom")
 # Upper bounds that only stop typos (10**30 rounds): far past any run these machines can make, and stated
 # in the error. A million rounds at 0.2 s each is over two days; no dataset here has a million examples.
 MAX_ROUNDS = 1_000_000
-# a client's work in one round, as it reports it: a trillion gradient evaluations is days of any GPU's time, so a
-# larger claim (10**30 steps) is a client that lies or is broken, and would swamp the round's sums
-MAX_CLIENT_COUNT = 1e12
 MAX_STEPS = 1_000_000
 MAX_BATCH = 1_000_000
 MAX_EPOCHS = 10_000.0
 MAX_WAIT_S = 86_400.0  # a day: longer waits are typos
-MAX_REASONABLE_LOSS = 1e6  # cross-entropy of a uniform guess over 1e6 classes is ~14: beyond this a client is broken
-
-# Metric keys every client reports (strategies read the same names).
-TRAIN_LOSS, LOCAL_STEPS, GRAD_EVALS, HVP_EVALS, SAMPLE_GRADS = (
-    "train-loss", "local-steps", "grad-evals", "hvp-evals", "sample-grads")  # fmt: skip
-ACCURACY, GLOBAL_ACCURACY, GLOBAL_LOSS = "accuracy", "global-accuracy", "global-loss"
-PARTITION_ID, NUM_PARTITIONS = "partition-id", "num-partitions"
-# A node that cannot build its client answers the preflight with these properties (clients/unavailable.py);
-# scope "node" means the fault is in that node's own data (the run goes on without it), else in the run.
-PREFLIGHT_ERROR, PREFLIGHT_DETAIL, PREFLIGHT_SCOPE = "preflight-error", "preflight-detail", "preflight-scope"
-# What every node reports of its data: its own data-dir (deployed devices), sizes, and "index:count ..." per split.
-DATA_DIR, NUM_TRAIN, NUM_TEST = "data-dir", "num-train", "num-test"
-TRAIN_CLASSES, TEST_CLASSES = "train-classes", "test-classes"
-DATA_FINGERPRINT = "data-fingerprint"  # SHA-256 of a node's arrays (ClientData.fingerprint): which data it trained on
-RAY_NODE = "ray-node"  # the Ray node id a simulated client answered the preflight on ("" outside Ray)
-SMALL_BATCH = "small-batch"  # 1 when a batch size exceeded the client's training set and min(b, n) was used
-START_LOSS = "start-loss"  # the first local step's loss: the model as received, on the client's first batch
-
-FIT_METRICS = (
-    Metric(TRAIN_LOSS, "mean training loss over the local steps", 0.0, MAX_REASONABLE_LOSS),
-    Metric(START_LOSS, "the first local step's loss (the model as received, on the first batch)", 0.0,
-           MAX_REASONABLE_LOSS),  # fmt: skip
-    Metric(LOCAL_STEPS, "local steps taken", 0.0, MAX_CLIENT_COUNT, summary=("sum",), record_as="client-steps"),
-    Metric(GRAD_EVALS, "mini-batch gradient evaluations", 0.0, MAX_CLIENT_COUNT, summary=("sum",)),
-    Metric(HVP_EVALS, "Hessian-vector products", 0.0, MAX_CLIENT_COUNT, summary=("sum",)),
-    Metric(SAMPLE_GRADS, "per-example gradients", 0.0, MAX_CLIENT_COUNT, summary=("sum",)),
-    Metric(SMALL_BATCH, "1 if a batch size exceeded the training set and min(b, n) examples were used", 0.0, 1.0,
-           summary=("sum",), record_as="clients-small-batch"),
-    Metric(PARTITION_ID, "the client's partition (the record lists them as fit-partitions)", 0.0, summary=()),
-)
-EVALUATE_METRICS = (
-    Metric(ACCURACY, "personalised test accuracy (after adaptation)", 0.0, 1.0),
-    Metric(GLOBAL_ACCURACY, "test accuracy of the model as received", 0.0, 1.0),
-    Metric(GLOBAL_LOSS, "test loss of the model as received", 0.0, MAX_REASONABLE_LOSS),
-    Metric(GRAD_EVALS, "gradient evaluations of the adaptation", 0.0),
-    Metric(PARTITION_ID, "the client's partition", 0.0),
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,52 +226,3 @@ class ExecutionSettings(KeyedSettings):
 
 
 SHARED_GROUPS: tuple[type[KeyedSettings], ...] = (RunSettings, DataSettings, TrainingSettings, ExecutionSettings)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Settings:
-    """A whole run's settings: the four shared groups, the chosen model's card and the chosen method's own.
-
-    Each group checks its own keys as it is built; the rules between groups (a model
-    that needs images on generated data, a BatchNorm model with batches of one, say) and
-    the method's own rules against the shared keys are ``app/config/rules.py``'s, which
-    :func:`app.config.parse_settings` runs on the settings it builds.
-    """
-
-    run: RunSettings
-    data: DataSettings
-    training: TrainingSettings
-    execution: ExecutionSettings
-    method: MethodSettings
-    model_card: ModelCard  # the traits of ``training.model``, from the model registry
-    tuner: MethodSettings | None = None  # the tuner's own settings (fathom-*), when ``tune`` names one
-
-    def __post_init__(self) -> None:
-        if self.model_card.name != self.training.model:
-            raise ValueError(f"Settings: model card {self.model_card.name!r} for model {self.training.model!r}")
-
-    def as_run_config(self) -> dict[str, object]:
-        """Every key of the shared groups and of the method, with its value (for summaries and checkpoints)."""
-        out: dict[str, object] = {}
-        for group in (self.run, self.data, self.training, self.execution, self.method, self.tuner):
-            if group is not None:
-                out.update(group.values())
-        return out
-
-    def data_spec(self, num_partitions: int = 0) -> DataSpec:
-        """What the datasets package needs to load the source (generated data: one user per partition)."""
-        data = self.data
-        return DataSpec(name=data.dataset, data_dir=data.data_dir, download=data.download,
-                        emnist_split=data.emnist_split, synthetic_alpha=data.synthetic_alpha,
-                        synthetic_beta=data.synthetic_beta, seed=self.run.seed,
-                        num_users=num_partitions if data.dataset in GENERATED else 0,
-                        classes=parse_classes(data.classes) if data.dataset in USER_DATASETS else (),
-                        input_shape=parse_shape(data.input_shape) if data.dataset in USER_DATASETS else ())  # fmt: skip
-
-    def partition_spec(self, num_partitions: int) -> PartitionSpec:
-        """How the source is split for ``num_partitions`` clients."""
-        data = self.data
-        return PartitionSpec(name=data.partitioner, num_clients=num_partitions, seed=self.run.seed,
-                             images_per_class=data.images_per_class, paper_variant=data.paper_variant,
-                             concentration=data.dirichlet_concentration, classes_per_client=data.classes_per_client,
-                             test_fraction=data.test_fraction, feature_shift=data.feature_shift)  # fmt: skip

@@ -17,7 +17,7 @@ from strategies.contracts.payload import ArraySet
 from strategies.contracts.personal import PersonalArrays
 
 if TYPE_CHECKING:
-    from strategies.contracts.common import Settings
+    from strategies.contracts.settings import Settings
 
 
 SUMMARIES = ("mean", "sum", "min", "max")

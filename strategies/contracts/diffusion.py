@@ -12,7 +12,7 @@ from strategies.contracts.contract import Contract, MethodSettings
 from strategies.contracts.keys import ConfigError, key
 
 if TYPE_CHECKING:
-    from strategies.contracts.common import Settings
+    from strategies.contracts.settings import Settings
 
 GRAPHS = ("ring", "grid", "star", "full", "erdos-renyi", "file")
 COMBINATIONS = ("metropolis", "uniform", "file")

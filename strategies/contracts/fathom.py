@@ -9,7 +9,7 @@ from strategies.contracts.contract import Contract, MethodSettings, Metric, Tuna
 from strategies.contracts.keys import ConfigError, key, key_name
 
 if TYPE_CHECKING:
-    from strategies.contracts.common import Settings
+    from strategies.contracts.settings import Settings
 
 LOCAL_TERMS = ("cosine", "eq12")
 DECAY_TESTS = ("stationary", "overshoot")
