@@ -63,9 +63,9 @@ from bench.cifar_setup import (  # noqa: E402
     method_of,
     run_config,
 )
-from bench.harness import QUICK_RESULTS, REPO, RunLog, fmt, interval, machine  # noqa: E402
+from bench.harness import RESULTS, RunLog, arguments, fmt, interval, local_simulation, stamp, write_report  # noqa: E402
 
-STARTUP_RESULTS = REPO / "bench" / "results" / "cifar_startup.json"
+STARTUP_RESULTS = RESULTS / "cifar_startup.json"
 
 
 # FedALA (Zhang et al., AAAI 2023), its table of test accuracy (%) "in the pathological heterogeneous setting and
@@ -191,7 +191,6 @@ def startup(rounds: int = 2, repeats: int = 3) -> dict:
     The three cases run in turn ``repeats`` times, each repeat from a new empty cache; a
     case's figures are the medians over the repeats.
     """
-    from app.local.simulation import LocalSimulation
     from bench.harness import read_records
 
     cases = {"cifar-cold": True, "cifar-warm": False, "default-job": None}
@@ -204,7 +203,7 @@ def startup(rounds: int = 2, repeats: int = 3) -> dict:
                 if cifar is not None:
                     config = {**run_config("pathological", "fedavg", seed=0, rounds=rounds, threads=1), **config}
                     nodes = CLIENTS
-                with LocalSimulation(app_dir=REPO, env={"STAMEN_CACHE_DIR": cache}) as sim:
+                with local_simulation(env={"STAMEN_CACHE_DIR": cache}) as sim:
                     outcome = sim.run(run_config=config, num_supernodes=nodes, timeout_s=1800,
                                       extra_federation="client-resources-num-cpus=1")  # fmt: skip
                 if not outcome.ok:
@@ -431,8 +430,8 @@ def markdown(report: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one seed, pathological, 3 methods, 3 rounds")
+    parser = arguments(__doc__, out="cifar_table.json", quick="one seed, pathological, 3 methods, 3 rounds",
+                       report_only=True)  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--conditions", nargs="+", default=list(CONDITIONS), choices=list(CONDITIONS))
     parser.add_argument("--methods", nargs="+", default=None, help="only these row labels")
@@ -443,15 +442,12 @@ def main() -> None:
     parser.add_argument("--timing", action="store_true", help="only the seconds-per-round pass")
     parser.add_argument("--startup", action="store_true", help="only the start-up measurement through flwr run")
     parser.add_argument("--repeats", type=int, default=3, help="--startup: repeats of each case (medians)")
-    parser.add_argument("--report-only", action="store_true")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "cifar_table.json")
     args = parser.parse_args()
     if not CIFAR.is_dir():
         raise SystemExit(f"B8 needs CIFAR-10 as JPEG files in {CIFAR} (../shared/data/README.md)")
     if args.quick:
         args.seeds, args.conditions, args.rounds = args.seeds[:1], ["pathological"], 3
         args.methods = args.methods or ["fedavg", "fedbn", "perfedavg"]
-        args.out = QUICK_RESULTS / args.out.name
     args.log = args.log or args.out.with_name(args.out.stem + "_runs.jsonl")
     if args.worker is not None:
         return worker(args)
@@ -460,11 +456,11 @@ def main() -> None:
     if args.timing:
         report["timing"] = timing(args)
     elif args.startup:
-        measured = {"benchmark": "B8 start-up", "machine": machine(), "date": time.strftime("%Y-%m-%d"),
+        measured = {"benchmark": "B8 start-up", **stamp(),
                     "what": "flwr run, 2 rounds, client-resources-num-cpus=1; server-start-to-round-1 is the server's "
                     "time from its start to round 1 (the preflight, in which every client loads its data); "
                     "medians over the repeats", "cases": startup(repeats=args.repeats)}  # fmt: skip
-        STARTUP_RESULTS.write_text(json.dumps(measured, indent=1) + "\n")
+        write_report(STARTUP_RESULTS, measured, indent=1)
         print(json.dumps(measured, indent=1))
         return
     elif not args.report_only:
@@ -475,16 +471,14 @@ def main() -> None:
     report.update({
         "benchmark": "B8", "quick": args.quick, "seeds": args.seeds, "rounds": args.rounds, "clients": CLIENTS,
         "shared": SHARED, "data": DATA, "published-source": PUBLISHED_SOURCE, "published": PUBLISHED,
-        "published-global": PUBLISHED_GLOBAL, "machine": report.get("machine", machine()),
-        "date": report.get("date", time.strftime("%Y-%m-%d")),
+        "published-global": PUBLISHED_GLOBAL, **stamp(report),
         "method-keys": {label: run_config(c, label, seed=0, rounds=args.rounds, threads=1) for c in args.conditions
                         for label in CONDITIONS[c].methods if not args.methods or label in args.methods},
         "total-minutes": sum(r["wall-seconds"] for r in runs if (r["condition"], r["method"], r["seed"]) in chosen
                              and r["rounds"] == args.rounds) / 60,
         "conditions": report_of(runs, args),
     })  # fmt: skip
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(report))
+    write_report(args.out, report, markdown(report), indent=1)
     print(markdown(report))
 
 

@@ -34,8 +34,6 @@ analysis is appended to ``diffusion_theory_runs.jsonl`` and not run again.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import tempfile
 import time
@@ -49,7 +47,7 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
 from app.config import parse_settings  # noqa: E402
 from app.local.inprocess import InProcessRun  # noqa: E402
 from app.local.simulation import LocalSimulation  # noqa: E402
-from bench.harness import QUICK_RESULTS, REPO, RunLog, interval, machine, read_records  # noqa: E402
+from bench.harness import RunLog, arguments, interval, local_simulation, read_records, stamp, write_report  # noqa: E402
 from datasets import load_client_data  # noqa: E402
 from datasets.least_squares import least_squares_optimum  # noqa: E402
 from strategies.topology import Network, build_network, expected_matrix, perron_vector  # noqa: E402
@@ -385,16 +383,13 @@ def plot_msd(results: list[dict], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="ring, T = 1, mu 0.04 and 0.02, seeds 0-1")
+    parser = arguments(__doc__, out="diffusion_theory.json", quick="ring, T = 1, mu 0.04 and 0.02, seeds 0-1")
     parser.add_argument("--no-flower", action="store_true", help="only the in-process runs (no check, no FedAvg)")
     parser.add_argument("--federation", default="client-resources-num-cpus=1")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "diffusion_theory.json")
     args = parser.parse_args()
     networks, steps, mus, seeds = NETWORKS, STEPS, MUS, SEEDS
     if args.quick:
         networks, steps, mus, seeds = NETWORKS[:1], (1,), MUS[:2], SEEDS[:2]
-        args.out = QUICK_RESULTS / args.out.name
     args.out.parent.mkdir(parents=True, exist_ok=True)
     log = RunLog(path=args.out.with_name(args.out.stem + "_runs.jsonl"), key_fields=KEY_FIELDS)
     started = time.perf_counter()
@@ -431,7 +426,7 @@ def main() -> None:
     rep: dict = {"benchmark": "B3", "quick": args.quick, "seeds": list(seeds), "mus": list(mus),
                  "extra-halvings": EXTRA_HALVINGS, "limit": summarise(results, seeds)}  # fmt: skip
     if not args.no_flower:
-        with tempfile.TemporaryDirectory() as tmp, LocalSimulation(app_dir=REPO) as sim:
+        with tempfile.TemporaryDirectory() as tmp, local_simulation() as sim:
             checks = []
             for graph, rule in networks:
                 key = {"graph": f"check-{graph}", "T": 1, "mu": CHECK_MU, "seed": 0, "burn-in": "", "window": ""}
@@ -446,10 +441,8 @@ def main() -> None:
                     done = key | {"comparison": compare_fedavg(sim, tmp, args.federation)}
                     log.append(done)
                 rep["fedavg"] = done["comparison"]
-    rep |= {"machine": machine(), "date": time.strftime("%Y-%m-%d"),
-            "compute-seconds": sum(r["seconds"] for r in results)}  # fmt: skip
-    args.out.write_text(json.dumps(rep, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(rep))
+    rep |= {**stamp(), "compute-seconds": sum(r["seconds"] for r in results)}
+    write_report(args.out, rep, markdown(rep), indent=1)
     plot_limit(rep, args.out.with_name(args.out.stem.replace("diffusion_theory", "diffusion_limit") + ".png"))
     plot_msd(results, args.out.with_name(args.out.stem.replace("diffusion_theory", "diffusion_msd") + ".png"))
     print(markdown(rep))

@@ -34,7 +34,6 @@ run again when asked for with the same settings, so the benchmark resumes;
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -47,7 +46,16 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
 
 from app.local.simulation import LocalSimulation  # noqa: E402
 from bench.fathom_setup import MODEL, PER_ROUND, PROBE, WRITERS, Start, run_config  # noqa: E402
-from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, interval, machine, read_records  # noqa: E402
+from bench.harness import (  # noqa: E402
+    SHARED_DATA,
+    RunLog,
+    arguments,
+    interval,
+    local_simulation,
+    read_records,
+    stamp,
+    write_report,
+)
 
 GRID_LR, GRID_BATCH = (0.03, 0.1, 0.3), (16, 64)
 BAD_LR, BAD_BATCH = 0.01, 256
@@ -334,8 +342,7 @@ def report(bench: Bench, arms: list[Arm], seeds: list[int], grid: list[dict]) ->
            for name, variant in RATIO_VARIANTS},  # fmt: skip
         "complete": all(len(results) == len(seeds) for _, _, results in runs.values()),
         "federation": bench.args.federation,
-        "machine": machine(),
-        "date": time.strftime("%Y-%m-%d"),
+        **stamp(),
         # the runs themselves (curves, trajectories) are in the run log; the report names them
         "runs": {name: [bench.log.key(r) for r in results] for name, (_, _, results) in runs.items()},
     }
@@ -547,8 +554,8 @@ def plot(rep: dict, runs: dict[str, list[dict]], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one seed, 30 rounds, no grid (lr 0.1, batch 16)")
+    parser = arguments(__doc__, out="fathom_vs_fedavg.json", quick="one seed, 30 rounds, no grid (lr 0.1, batch 16)",
+                       report_only="the report from the recorded runs, no new runs")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=500)
     parser.add_argument("--grid-rounds", type=int, default=120, help="rounds of each FedAvg grid run (seed 0)")
@@ -557,7 +564,6 @@ def main() -> None:
                         f"from the bad lr, seed 0, {PILOT_ROUNDS} rounds (fathom_fix_pilot.json)")  # fmt: skip
     parser.add_argument("--extend-rounds", type=int, default=0, metavar="ROUNDS",
                         help=f"also run {', '.join(EXTENDED)} from lr 0.01 for ROUNDS rounds")  # fmt: skip
-    parser.add_argument("--report-only", action="store_true", help="the report from the recorded runs, no new runs")
     parser.add_argument("--first", nargs="+", default=[], metavar="ARM",
                         help="run these arms (start|method[|variant], e.g. 'bad lr|fathom|probe') for every seed "
                              "before the others")  # fmt: skip
@@ -565,7 +571,6 @@ def main() -> None:
                         help="run only these arms (for every seed), then report every recorded arm")  # fmt: skip
     parser.add_argument("--data-dir", type=Path, default=SHARED_DATA / "femnist-leaf")
     parser.add_argument("--federation", default="client-resources-num-cpus=1")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "fathom_vs_fedavg.json")
     args = parser.parse_args()
     if args.extend_rounds and args.extend_rounds <= args.rounds:
         parser.error(f"--extend-rounds {args.extend_rounds}: must be more than --rounds ({args.rounds}), or 0 (none)")
@@ -573,7 +578,6 @@ def main() -> None:
         raise SystemExit(f"B2 needs LEAF FEMNIST (train/ and test/ json) under {args.data_dir} (see --data-dir)")
     if args.quick:
         args.seeds, args.rounds, args.no_fix = args.seeds[:1], 30, True
-        args.out = QUICK_RESULTS / args.out.name
     # arm names hold labels, not the tuned values: check --only before the FedAvg grid can run
     names = [arm_name(*arm) for arm in arms_of(Start("baseline", 0.1, 16), fix=not args.no_fix)]
     unknown = sorted(set(args.only) - set(names))
@@ -581,7 +585,7 @@ def main() -> None:
         parser.error(f"--only {', '.join(unknown)}: no such arm; the arms are {', '.join(names)}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as results_dir:
-        sim = None if args.report_only else LocalSimulation(app_dir=REPO)
+        sim = None if args.report_only else local_simulation()
         try:
             bench = Bench(args=args, sim=sim, results_dir=results_dir)
             if args.quick:
@@ -590,8 +594,8 @@ def main() -> None:
                 baseline, grid = tune(bench, GRID_SEED)
             if args.pilot:
                 rep = pilot(bench, baseline.batch)
-                args.out.with_name("fathom_fix_pilot.json").write_text(json.dumps(rep, indent=1) + "\n")
-                args.out.with_name("fathom_fix_pilot.md").write_text(pilot_markdown(rep))
+                write_report(args.out.with_name("fathom_fix_pilot.json"), rep, pilot_markdown(rep), stamped=False,
+                             indent=1)  # fmt: skip
                 print(pilot_markdown(rep))
                 return
             arms = arms_of(baseline, fix=not args.no_fix)
@@ -604,9 +608,8 @@ def main() -> None:
         finally:
             if sim is not None:
                 sim.close()
-    args.out.write_text(json.dumps(rep, indent=1) + "\n")
     text = markdown(rep) + (extended_markdown(rep["extended"], rep["target"]) if "extended" in rep else "")
-    args.out.with_suffix(".md").write_text(text)
+    write_report(args.out, rep, text, indent=1)
     plot(rep, runs, args.out.with_name(args.out.stem.replace("fathom_vs_fedavg", "fathom_trajectories") + ".png"))
     print(text)
 

@@ -1,25 +1,36 @@
-"""What every benchmark script shares: the repository on ``sys.path``, a resumable run log, intervals, run records.
+"""What every benchmark script shares: the repository on ``sys.path``, the flags, the run log, the report.
 
 A script runs as ``python bench/<script>.py``: Python puts ``bench/`` on ``sys.path``, so the
 script's first lines import this module as ``harness``, which puts the repository there
 too (the one place that does); from then on the script imports ``bench.harness``, ``app``
 and the rest as the tests import them.
+
+What a script keeps is its grid, its run and its table; this module owns the rest: the
+``--quick``/``--out``/``--report-only`` flags and where ``--quick`` writes (:func:`arguments`),
+the Flower simulation of this checkout (:func:`local_simulation`), the run log
+(:class:`RunLog`), and the report's machine, date and files (:func:`write_report`).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import platform
 import statistics
 import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # this checkout's code, never an installed copy of stamen
     sys.path.insert(0, str(REPO))
+if TYPE_CHECKING:
+    from app.local.simulation import LocalSimulation
 SHARED_DATA = REPO.parent / "shared" / "data"
-QUICK_RESULTS = REPO / "bench" / "results" / "quick"  # --quick runs write here: git-ignored, never committed
+RESULTS = REPO / "bench" / "results"  # the committed reports and run logs
+QUICK_RESULTS = RESULTS / "quick"  # --quick runs write here: git-ignored, never committed
 # Student t quantiles, df = seeds - 1
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -97,3 +108,127 @@ class RunLog:
         with self.path.open("a") as handle:
             handle.write(json.dumps(result) + "\n")
         self.results[self.key(result)] = result
+
+
+def results_folder(quick: bool) -> Path:
+    """Where a run writes: the committed results, or for ``--quick`` the git-ignored scratch folder."""
+    return QUICK_RESULTS if quick else RESULTS
+
+
+class Arguments(argparse.ArgumentParser):
+    """A benchmark's command line; parsing sends ``--quick``'s files to :data:`QUICK_RESULTS`.
+
+    Parameters
+    ----------
+    redirect
+        The path arguments that ``--quick`` moves to :data:`QUICK_RESULTS`, each keeping its
+        file name (``out``, and a script's own such as ``log``).
+    **kwargs
+        Passed to :class:`argparse.ArgumentParser`.
+
+    """
+
+    def __init__(self, *, redirect: tuple[str, ...] = ("out",), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.redirect = redirect
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        parsed = super().parse_args(args, namespace)
+        if getattr(parsed, "quick", False):  # a quick run never overwrites a committed result
+            for name in self.redirect:
+                if getattr(parsed, name, None) is not None:
+                    setattr(parsed, name, results_folder(True) / getattr(parsed, name).name)
+        return parsed
+
+
+def arguments(
+    description: str,
+    *,
+    out: str | None = None,
+    quick: str | bool = False,
+    report_only: str | bool = False,
+    redirect: tuple[str, ...] = ("out",),
+) -> Arguments:
+    """A script's command line with the shared flags; the script adds its own.
+
+    Parameters
+    ----------
+    description
+        The script's docstring (its first line is shown).
+    out
+        The report's file name under :data:`RESULTS`, the default of ``--out``; ``None``: no ``--out``.
+    quick, report_only
+        Whether the script takes ``--quick`` / ``--report-only``: a help text, ``True``
+        (no help text) or ``False`` (not taken).
+    redirect
+        The path arguments that ``--quick`` moves to :data:`QUICK_RESULTS` (see :class:`Arguments`).
+
+    """
+    made = Arguments(description=description.splitlines()[0], redirect=redirect)
+    if quick:
+        made.add_argument("--quick", action="store_true", help=quick if isinstance(quick, str) else None)
+    if report_only:
+        made.add_argument("--report-only", action="store_true",
+                          help=report_only if isinstance(report_only, str) else None)  # fmt: skip
+    if out is not None:
+        made.add_argument("--out", type=Path, default=RESULTS / out)
+    return made
+
+
+def local_simulation(**kwargs: Any) -> LocalSimulation:
+    """A Flower simulation of this checkout's app (``app_dir`` given in ``kwargs`` measures another)."""
+    from app.local.simulation import LocalSimulation  # here, so a script that needs no Flower starts without it
+
+    return LocalSimulation(**{"app_dir": REPO, **kwargs})
+
+
+def today() -> str:
+    """The date a result is stamped with."""
+    return time.strftime("%Y-%m-%d")
+
+
+def stamp(previous: dict | None = None) -> dict:
+    """A report's ``machine`` and ``date``: ``previous``'s where it has them, else this machine's and today's.
+
+    A report rebuilt from a run log (``--report-only``) passes the report it replaces, so it
+    keeps the machine and the day its runs were measured on.
+    """
+    previous = previous or {}
+    return {"machine": previous["machine"] if "machine" in previous else machine(),
+            "date": previous["date"] if "date" in previous else today()}  # fmt: skip
+
+
+def write_report(
+    out: Path,
+    report: dict,
+    markdown: str | None = None,
+    *,
+    previous: dict | None = None,
+    stamped: bool = True,
+    indent: int = 2,
+) -> None:
+    """Write ``report`` as JSON to ``out`` and ``markdown`` (if any) beside it as ``.md``.
+
+    Parameters
+    ----------
+    out
+        The ``.json`` file; its folder is made.
+    report
+        The report; unless ``stamped`` is false, its ``machine`` and ``date`` are set where
+        it has none (a report that lists them keeps their place: see :func:`stamp`).
+    markdown
+        The report's table(s), written to ``out`` with the suffix ``.md``.
+    previous
+        The report this one replaces, whose machine and date a rebuilt report keeps.
+    stamped
+        False for a report that carries no machine or date.
+    indent
+        The JSON's indent (each committed report keeps the one it was written with).
+
+    """
+    if stamped and not {"machine", "date"} <= report.keys():
+        report |= {k: v for k, v in stamp(previous).items() if k not in report}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=indent) + "\n")
+    if markdown is not None:
+        out.with_suffix(".md").write_text(markdown)

@@ -49,7 +49,6 @@ JSON is not run again.
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import json
 import math
@@ -69,10 +68,9 @@ from flwr.common import parameters_to_ndarrays  # noqa: E402
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, machine  # noqa: E402
+from bench.harness import REPO, SHARED_DATA, arguments, stamp  # noqa: E402
 from strategies.contracts.payload import LAYOUT, MODEL, unpack  # noqa: E402
 
-RESULTS = REPO / "bench" / "results"
 NAME = "honest_screen"
 RATIOS = (2, 3, 5, 10, 20, 50)
 MINIMUM_REPLIES = 3  # the screen compares a round's replies only when there are at least this many
@@ -357,7 +355,7 @@ def merge(path: Path, run: dict | None) -> dict:
         document = json.loads(path.read_text()) if path.exists() else {"benchmark": "honest-screen", "runs": []}
         if run is not None:
             document["runs"] = [r for r in document["runs"] if run_key(r) != run_key(run)] + [run]
-            document.update(ratios=list(RATIOS), margin=MARGIN, machine=machine(), date=time.strftime("%Y-%m-%d"),
+            document.update(ratios=list(RATIOS), margin=MARGIN, **stamp(),
                             scenarios={k: s.label for k, s in SCENARIOS.items()})  # fmt: skip
             document["summary"] = overall(document["runs"])
             partial = path.with_suffix(".json.partial")  # a kill mid-write leaves the last complete JSON
@@ -464,16 +462,12 @@ def markdown(document: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a few rounds of a few methods; bench/results/quick")
+    parser = arguments(__doc__, out=f"{NAME}.json", quick="a few rounds of a few methods; bench/results/quick",
+                       report_only="the .md from the JSON, no new runs")  # fmt: skip
     parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     parser.add_argument("--methods", nargs="+", help="only the runs whose label starts with one of these")
     parser.add_argument("--rounds", type=int, help="every scenario's rounds (default: each scenario's own)")
-    parser.add_argument("--report-only", action="store_true", help="the .md from the JSON, no new runs")
-    parser.add_argument("--out", type=Path, default=RESULTS / f"{NAME}.json")
     args = parser.parse_args()
-    if args.quick:
-        args.out = QUICK_RESULTS / args.out.name
     started = time.perf_counter()
     for key in [] if args.report_only else args.scenarios:
         scenario = SCENARIOS[key]

@@ -26,7 +26,6 @@ Writes ``bench/results/perfedavg_divergence.json`` and ``.md``; finished runs ar
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -41,7 +40,17 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
     import harness  # noqa: F401
 
 from app.local.simulation import FINISHED_OK, LocalSimulation  # noqa: E402
-from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, interval, machine, read_records  # noqa: E402
+from bench.harness import (  # noqa: E402
+    SHARED_DATA,
+    RunLog,
+    arguments,
+    interval,
+    local_simulation,
+    machine,
+    read_records,
+    results_folder,
+    write_report,
+)
 from clients.meta import finite_difference_hvp, hessian_vector_product, meta_gradient  # noqa: E402
 from clients.models import build_model  # noqa: E402
 from clients.training import axpy, gradient, model_loss, to_tensor  # noqa: E402
@@ -245,15 +254,13 @@ def report(results: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
+    parser = arguments(__doc__, quick=True, report_only=True)
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
     if not DATA.is_dir():
         sys.exit(f"needs {DATA} (LEAF FEMNIST)")
-    out = QUICK_RESULTS if args.quick else REPO / "bench" / "results"
+    out = results_folder(args.quick)
     rounds, seeds, cases = (20, 1, ("hf", "so")) if args.quick else (args.rounds, args.seeds, tuple(CASES))
     batches = 5 if args.quick else 20
     hvp = [hvp_errors(model, batch, batches, trained)
@@ -262,7 +269,7 @@ def main() -> None:
     stall = [so_stall(seed, 300 if args.quick else PROXY_STEPS) for seed in range(1 if args.quick else 2)]
     log = RunLog(path=out / "perfedavg_divergence_runs.jsonl", key_fields=("case", "seed", "rounds-asked"))
     if not args.report_only:
-        with tempfile.TemporaryDirectory() as results, LocalSimulation(app_dir=REPO) as sim:
+        with tempfile.TemporaryDirectory() as results, local_simulation() as sim:
             for seed in range(seeds):
                 for case in cases:
                     if log.get({"case": case, "seed": seed, "rounds-asked": rounds}) is None:
@@ -274,9 +281,7 @@ def main() -> None:
     runs = {c: [log.get({"case": c, "seed": s, "rounds-asked": rounds}) for s in range(seeds)] for c in cases}
     results = {"benchmark": "perfedavg_divergence", "machine": machine(), "rounds": rounds, "seeds": seeds,
                "hvp": hvp, "so-stall": stall, "runs": {c: [r for r in rs if r] for c, rs in runs.items()}}  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "perfedavg_divergence.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / "perfedavg_divergence.md").write_text(report(results) + "\n")
+    write_report(out / "perfedavg_divergence.json", results, report(results) + "\n", stamped=False, indent=1)
     print(report(results))
 
 

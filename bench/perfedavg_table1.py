@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import tempfile
 import time
@@ -39,7 +38,7 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
 
 from app.config import parse_settings  # noqa: E402
 from app.local.simulation import LocalSimulation  # noqa: E402
-from bench.harness import QUICK_RESULTS, REPO, interval, read_records  # noqa: E402
+from bench.harness import RunLog, arguments, interval, local_simulation, read_records, stamp, write_report  # noqa: E402
 from bench.perfedavg_setup import (  # noqa: E402
     BATCH,
     DEFAULT_DATA,
@@ -87,8 +86,8 @@ def run_one(sim: LocalSimulation, config: dict, federation: str) -> dict:
     return {**summarise_run(Path(config["results-dir"]) / config["run-name"]), "wall-seconds": outcome.wall_seconds}
 
 
-def run_key(seed: int, row: str, method: str, rounds: int, beta: float) -> str:
-    return f"{seed}|{row}|{method}|{rounds}|{beta}"
+# a run's identity in the run log, in this order: the logged runs are keyed "seed|row|method|rounds|beta"
+KEY_FIELDS = ("seed", "row", "method", "rounds", "beta")
 
 
 def step_costs(repeats: int = 41, steps: int = 20) -> dict:
@@ -193,7 +192,7 @@ def markdown(report: dict) -> str:
 
 def choose_beta(args: argparse.Namespace, grid: tuple[float, ...]) -> None:
     row, out = ROWS[0], {}
-    with tempfile.TemporaryDirectory() as results, LocalSimulation(app_dir=REPO) as sim:
+    with tempfile.TemporaryDirectory() as results, local_simulation() as sim:
         for beta in grid:
             name = f"beta-{beta}"
             config = run_config(
@@ -210,21 +209,19 @@ def choose_beta(args: argparse.Namespace, grid: tuple[float, ...]) -> None:
             out[beta] = run_one(sim, config, args.federation)
             print(f"beta {beta}: accuracy {out[beta]['accuracy']:.4f} curve {out[beta]['curve']}", flush=True)
     path = args.out.with_name("perfedavg_beta_choice.json")
-    path.write_text(json.dumps({"row": row.label, "rounds": args.rounds, "fedavg": out}, indent=2) + "\n")
+    write_report(path, {"row": row.label, "rounds": args.rounds, "fedavg": out}, stamped=False)
     print(f"wrote {path}")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one seed, two rows")
+    parser = arguments(__doc__, out="perfedavg_table1.json", quick="one seed, two rows",
+                       report_only="tables from the recorded runs, no new runs")  # fmt: skip
     parser.add_argument("--choose-beta", action="store_true", help="FedAvg over a beta grid (row 1, seed 0)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--beta", type=float, default=0.1, help="chosen with --choose-beta (see README)")
-    parser.add_argument("--report-only", action="store_true", help="tables from the recorded runs, no new runs")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--federation", default="client-resources-num-cpus=1")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "perfedavg_table1.json")
     args = parser.parse_args()
     if not (args.data_dir / "MNIST" / "raw").is_dir():
         raise SystemExit(f"B1 needs MNIST in torchvision's layout under {args.data_dir}/MNIST/raw (see --data-dir)")
@@ -233,25 +230,20 @@ def main() -> None:
         choose_beta(args, (0.01, 0.03, 0.1))
         return
     rows, seeds = (QUICK_ROWS, args.seeds[:1]) if args.quick else (ROWS, args.seeds)
-    if args.quick:
-        args.out = QUICK_RESULTS / args.out.name
-        args.out.parent.mkdir(parents=True, exist_ok=True)
     # rebuilding the tables from the run log keeps what was measured with the runs: step costs, machine, date
     previous = json.loads(args.out.read_text()) if args.report_only and args.out.exists() else {}
     step_cost = previous.get("step-cost") or step_costs()
     print(f"step cost: {step_cost}", flush=True)
-    log_path = args.out.with_name(args.out.stem + "_runs.jsonl")
-    recorded = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
-    done = {run_key(x["seed"], x["row"], x["method"], x["rounds"], x["beta"]): x for x in recorded}
+    log = RunLog(path=args.out.with_name(args.out.stem + "_runs.jsonl"), key_fields=KEY_FIELDS)
     runs: dict[tuple[int, str], list[dict]] = {}
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as results, LocalSimulation(app_dir=REPO) as sim:
+    with tempfile.TemporaryDirectory() as results, local_simulation() as sim:
         for seed in seeds:
             for r, row in enumerate(rows):
                 for label, strategy, variant in METHODS:
-                    key = run_key(seed, row.label, label, args.rounds, args.beta)
-                    if key in done:
-                        runs.setdefault((r, label), []).append(done[key])
+                    fields = {"seed": seed, "row": row.label, "method": label, "rounds": args.rounds, "beta": args.beta}
+                    if (recorded := log.get(fields)) is not None:
+                        runs.setdefault((r, label), []).append(recorded)
                         continue
                     if args.report_only:
                         continue
@@ -267,16 +259,8 @@ def main() -> None:
                         results=results,
                         name=name,
                     )
-                    result = {
-                        "seed": seed,
-                        "row": row.label,
-                        "method": label,
-                        "rounds": args.rounds,
-                        "beta": args.beta,
-                        **run_one(sim, config, args.federation),
-                    }
-                    with log_path.open("a") as handle:
-                        handle.write(json.dumps(result) + "\n")
+                    result = {**fields, **run_one(sim, config, args.federation)}
+                    log.append(result)
                     runs.setdefault((r, label), []).append(result)
                     print(
                         f"[{time.perf_counter() - started:6.0f} s] seed {seed} {row.label} {label}: "
@@ -314,16 +298,13 @@ def main() -> None:
         "images-per-class": IMAGES_PER_CLASS,
         "batch": BATCH,
         "federation": args.federation,
-        "machine": previous.get("machine", f"{platform.machine()}, python {platform.python_version()}, "
-                                           f"torch {torch.__version__}"),
-        "date": previous.get("date", time.strftime("%Y-%m-%d")),
+        **stamp(previous),
         "step-cost": step_cost,
         "rows": report_rows,
         "cost": cost,
         "total-seconds": previous.get("total-seconds", time.perf_counter() - started),
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(report))
+    write_report(args.out, report, markdown(report))
     print(markdown(report))
 
 

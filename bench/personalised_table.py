@@ -37,7 +37,6 @@ when asked for again, so the benchmark can be stopped and resumed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -47,9 +46,18 @@ from pathlib import Path
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from app.local.simulation import LocalSimulation  # noqa: E402
 from app.registry import METHODS  # noqa: E402
-from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, fmt, interval, machine, read_records  # noqa: E402
+from bench.harness import (  # noqa: E402
+    SHARED_DATA,
+    RunLog,
+    arguments,
+    fmt,
+    interval,
+    local_simulation,
+    read_records,
+    stamp,
+    write_report,
+)
 from bench.personalised_setup import (  # noqa: E402
     DATASETS,
     METHOD_KEYS,
@@ -171,21 +179,17 @@ def markdown(report: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one seed, mnist-paper, 10 rounds")
+    parser = arguments(__doc__, out="personalised_table.json", quick="one seed, mnist-paper, 10 rounds",
+                       report_only="the report from the run log, no new runs")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--report-only", action="store_true", help="the report from the run log, no new runs")
     parser.add_argument("--federation", default="client-resources-num-cpus=1")
     parser.add_argument("--folder-cache", type=Path, default=Path.home() / ".cache" / "stamen" / "b7-mnist-10k-folder",
                         help="where the MNIST image folder is written once")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "personalised_table.json")
     args = parser.parse_args()
     datasets, seeds = (["mnist-paper"], args.seeds[:1]) if args.quick else (args.datasets, args.seeds)
     rounds = {name: 10 if args.quick else DATASETS[name].rounds for name in datasets}
-    if args.quick:
-        args.out = QUICK_RESULTS / args.out.name
     needed = [DATASETS[name].needs for name in datasets if DATASETS[name].needs]
     missing = [folder for folder in needed if not (SHARED_DATA / folder).exists()]
     if missing:
@@ -195,7 +199,7 @@ def main() -> None:
     previous = json.loads(args.out.read_text()) if args.report_only and args.out.exists() else {}
     started = time.perf_counter()
     folder = image_folder(args.folder_cache) if "mnist-folder-dirichlet" in datasets and not args.report_only else None
-    with tempfile.TemporaryDirectory() as results, LocalSimulation(app_dir=REPO) as sim:
+    with tempfile.TemporaryDirectory() as results, local_simulation() as sim:
         for name in datasets:
             dataset = DATASETS[name]
             for seed in seeds:
@@ -226,14 +230,12 @@ def main() -> None:
                         for m in METHODS},  # fmt: skip
         "published": {"source": "PFLlib benchmark, FMNIST, pathological split, 20 clients", "accuracy": PUBLISHED},
         "federation": args.federation,
-        "machine": previous.get("machine", machine()),
-        "date": previous.get("date", time.strftime("%Y-%m-%d")),
+        **stamp(previous),
         "total-minutes": sum(r["wall-seconds"] for r in log.results.values()
                              if r["dataset"] in datasets and r["seed"] in seeds) / 60,  # fmt: skip
         "datasets": report_of(list(log.results.values()), datasets, seeds, rounds),
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(report))
+    write_report(args.out, report, markdown(report))
     print(markdown(report))
 
 

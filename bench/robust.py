@@ -31,7 +31,6 @@ is stopped resumes where it stopped (cells already there are not run again).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -53,10 +52,9 @@ from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays  
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, machine  # noqa: E402
+from bench.harness import REPO, SHARED_DATA, arguments, machine, results_folder  # noqa: E402
 from strategies.contracts.payload import LAYOUT, MODEL, pack, unpack  # noqa: E402
 
-RESULTS = REPO / "bench" / "results"
 NAME = "robust_table"
 CLIENTS = 10
 SEEDS = (0, 1, 2)
@@ -554,10 +552,8 @@ ATTACK_NOTE = ("Gaussian noise: sigma is 10 times the RMS of the attacker's own 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="seed 0, MNIST, clean + each attack by 2 clients, "
-                        "5 rounds; results under bench/results/quick")  # fmt: skip
-    parser.add_argument("--report-only", action="store_true", help="re-render the .md from the JSON")
+    parser = arguments(__doc__, quick="seed 0, MNIST, clean + each attack by 2 clients, 5 rounds; results under "
+                       "bench/results/quick", report_only="re-render the .md from the JSON")  # fmt: skip
     parser.add_argument("--datasets", nargs="+", choices=list(DATASETS), default=list(DATASETS))
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     parser.add_argument("--aggregations", nargs="+", choices=list(AGGREGATIONS), default=list(GRID_AGGREGATIONS))
@@ -571,7 +567,7 @@ def main() -> None:
     if args.quick:
         args.datasets, args.seeds, args.counts = args.datasets[:1], [0], [2]
         args.rounds = args.rounds or 5
-    folder = QUICK_RESULTS if args.quick else RESULTS
+    folder = results_folder(args.quick)
     path = folder / f"{args.name}.json"
     if not args.report_only:
         missing = [d for d in args.datasets if not (SHARED_DATA / DATASETS[d].needs).exists()]

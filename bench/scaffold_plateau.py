@@ -22,14 +22,13 @@ and lands where the loss is no better than the prior's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, machine  # noqa: E402
+from bench.harness import SHARED_DATA, arguments, machine, results_folder, write_report  # noqa: E402
 from bench.personalised_setup import DATASETS, SHARED, tuned_run_config  # noqa: E402
 from strategies.screening import update_norm  # noqa: E402
 
@@ -39,7 +38,6 @@ LOCAL_STEPS = SHARED["local-steps"]  # B7's K
 ROUNDS = 40  # FedAvg leaves the plateau at rounds 30-42 with 10 writers a round
 SEED = 0
 METHODS = ("fedavg", "scaffold")
-RESULTS = REPO / "bench" / "results"
 
 
 def trajectory(method: str, rounds: int) -> dict:
@@ -89,20 +87,19 @@ def ratio(top: float | None, bottom: float | None) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 rounds of each; results under bench/results/quick")
-    parser.add_argument("--report-only", action="store_true", help="rebuild the report from the JSON")
+    parser = arguments(__doc__, quick="2 rounds of each; results under bench/results/quick",
+                       report_only="rebuild the report from the JSON")  # fmt: skip
     args = parser.parse_args()
     if not (SHARED_DATA / "femnist-leaf").exists():
         raise SystemExit(f"FEMNIST is not at {SHARED_DATA / 'femnist-leaf'}: this benchmark needs it")
     rounds = 2 if args.quick else ROUNDS
-    folder = QUICK_RESULTS if args.quick else RESULTS
+    folder = results_folder(args.quick)
     folder.mkdir(parents=True, exist_ok=True)
     if args.report_only:  # the JSON keeps the machine the runs were made on
         runs = json.loads((folder / "scaffold_plateau.json").read_text())["runs"]
     else:
         runs = [trajectory(method, rounds) for method in METHODS]
-        (folder / "scaffold_plateau.json").write_text(json.dumps({"machine": machine(), "runs": runs}, indent=1) + "\n")
+        write_report(folder / "scaffold_plateau.json", {"machine": machine(), "runs": runs}, stamped=False, indent=1)
     (folder / "scaffold_plateau.md").write_text(report(runs))
     print(report(runs))
 

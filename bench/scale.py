@@ -26,7 +26,6 @@ in one JSON. Runs are appended to ``bench/results/scale_runs.jsonl`` and not run
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -36,8 +35,7 @@ from pathlib import Path
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from app.local.simulation import LocalSimulation  # noqa: E402
-from bench.harness import QUICK_RESULTS, REPO, RunLog, machine, read_records  # noqa: E402
+from bench.harness import REPO, RunLog, arguments, local_simulation, read_records, stamp, write_report  # noqa: E402
 from bench.samplers import PeakSampler  # noqa: E402
 
 SIZES = (100, 300, 1000)
@@ -58,7 +56,7 @@ def run_config(num_nodes: int, results: str, name: str, preflight_sample: int = 
 
 def measure(app_dir: Path, num_nodes: int, preflight_sample: int = 0) -> dict:
     """One run of ``num_nodes`` SuperNodes on a fresh private SuperLink."""
-    with tempfile.TemporaryDirectory() as results, LocalSimulation(app_dir=app_dir) as sim:
+    with tempfile.TemporaryDirectory() as results, local_simulation(app_dir=app_dir) as sim:
         sampler = PeakSampler(str(sim.home))
         sampler.start()
         submitted = time.time()
@@ -137,18 +135,14 @@ def markdown(rep: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="100 and 300 nodes, one repeat")
+    parser = arguments(__doc__, out="scale.json", quick="100 and 300 nodes, one repeat")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="numbers of SuperNodes")
     parser.add_argument("--app-dir", type=Path, default=REPO, help="the app to measure (default: this checkout)")
     parser.add_argument("--label", default="now", help="the name of this app's rows")
     parser.add_argument("--preflight-sample", type=int, default=0, help="run config preflight-sample (0: every node)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "scale.json")
     args = parser.parse_args()
     sizes, repeats = (SIZES[:2], 1) if args.quick else (tuple(args.sizes), args.repeats)
-    if args.quick:
-        args.out = QUICK_RESULTS / args.out.name
     args.out.parent.mkdir(parents=True, exist_ok=True)
     log = RunLog(path=args.out.with_name(args.out.stem + "_runs.jsonl"), key_fields=("label", "nodes", "repeat"))
     for repeat in range(repeats):  # repeat-major: the sizes alternate, so a drift in the machine hits them alike
@@ -158,10 +152,8 @@ def main() -> None:
                 result = fields | measure(args.app_dir.resolve(), nodes, args.preflight_sample)
                 log.append(result)
                 print(json.dumps(result), flush=True)
-    rep = {"benchmark": "scale", "machine": machine(), "date": time.strftime("%Y-%m-%d"),
-           **summarise(list(log.results.values()))}  # fmt: skip
-    args.out.write_text(json.dumps(rep, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(rep))
+    rep = {"benchmark": "scale", **stamp(), **summarise(list(log.results.values()))}
+    write_report(args.out, rep, markdown(rep), indent=1)
     print(markdown(rep))
 
 

@@ -46,7 +46,6 @@ full report, as for issue 39's open goal (``bench/results/self_tuning_goal1.md``
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -56,7 +55,16 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
     import harness  # noqa: F401
 
 from app.local.simulation import LocalSimulation  # noqa: E402
-from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, interval, machine, read_records  # noqa: E402
+from bench.harness import (  # noqa: E402
+    SHARED_DATA,
+    RunLog,
+    arguments,
+    interval,
+    local_simulation,
+    read_records,
+    stamp,
+    write_report,
+)
 from bench.perfedavg_setup import NUM_USERS, Row, run_config  # noqa: E402
 
 ROW = Row(10, 0.01)
@@ -189,7 +197,7 @@ def report(runs: dict[str, list[dict]], cases: list[dict], args: argparse.Namesp
     return {
         "benchmark": "B5", "quick": args.quick, "rounds": args.rounds, "seeds": args.seeds, "row": ROW.label,
         "paired": paired_gaps(rows, verdicts, runs),
-        "users": NUM_USERS, "tuner": TUNER, "machine": machine(), "date": time.strftime("%Y-%m-%d"),
+        "users": NUM_USERS, "tuner": TUNER, **stamp(),
         "total-seconds": seconds, "run-wall-seconds": sum(r["wall-seconds"] for done in runs.values() for r in done),
         "rows": rows, "verdicts": verdicts,
     }  # fmt: skip
@@ -280,15 +288,13 @@ def plot(rep: dict, runs: dict[str, list[dict]], cases: list[dict], path: Path) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one seed, 20 rounds, Per-FedAvg only")
+    parser = arguments(__doc__, out="self_tuning.json", quick="one seed, 20 rounds, Per-FedAvg only",
+                       report_only="the report from the recorded runs, no new runs")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--report-only", action="store_true", help="the report from the recorded runs, no new runs")
     parser.add_argument("--data-dir", type=Path, default=SHARED_DATA / "mnist-10k")
     parser.add_argument("--federation", default="client-resources-num-cpus=1")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "self_tuning.json")
     parser.add_argument("--log", type=Path, default=None,
                         help="the run log to resume from and append to (default: the --out name + _runs.jsonl)")
     parser.add_argument("--only", nargs="+", default=[], metavar="LABEL",
@@ -299,7 +305,6 @@ def main() -> None:
         raise SystemExit(f"B5 needs MNIST in torchvision's layout under {args.data_dir}/MNIST/raw (see --data-dir)")
     if args.quick:
         args.seeds, args.rounds, args.methods = args.seeds[:1], 20, ["perfedavg"]
-        args.out = QUICK_RESULTS / args.out.name
     args.out.parent.mkdir(parents=True, exist_ok=True)
     cases = configurations(tuple(args.methods))
     if args.only:
@@ -309,31 +314,26 @@ def main() -> None:
             raise SystemExit(f"--only: no run of --methods {' '.join(args.methods)} is labelled {unknown}; "
                              f"the labels are:\n  {allowed}")  # fmt: skip
         cases = [c for c in cases if c["label"] in args.only]
-    log_path = args.log or args.out.with_name(args.out.stem + "_runs.jsonl")
-    recorded = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
-    done = {x["key"]: x for x in recorded}
+    log = RunLog(path=args.log or args.out.with_name(args.out.stem + "_runs.jsonl"), key_fields=("key",))
     runs: dict[str, list[dict]] = {}
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as results, LocalSimulation(app_dir=REPO) as sim:
+    with tempfile.TemporaryDirectory() as results, local_simulation() as sim:
         for method in args.methods:  # Per-FedAvg first: the claim under test
             for seed in args.seeds:
                 for case in (c for c in cases if c["method"] == method):
-                    key = run_key(seed, case, args.rounds)
-                    if key not in done and not args.report_only:
+                    key = {"key": run_key(seed, case, args.rounds)}
+                    if log.get(key) is None and not args.report_only:
                         result = run_case(sim, case, seed=seed, rounds=args.rounds, data_dir=args.data_dir,
                                           results=results, federation=args.federation)  # fmt: skip
-                        done[key] = {"key": key, "seed": seed, "label": case["label"], **result}
-                        with log_path.open("a") as handle:
-                            handle.write(json.dumps(done[key]) + "\n")
+                        log.append({**key, "seed": seed, "label": case["label"], **result})
                         outcome = (f"acc {result['accuracy']:.4f}" if result["accuracy"] is not None
                                    else f"{result['status']}: {result['reason']}")  # fmt: skip
                         print(f"[{time.perf_counter() - started:6.0f} s] seed {seed} {case['label']}: {outcome}, "
                               f"final step {result['trajectory'][-1]:.4g}", flush=True)  # fmt: skip
-                    if key in done:
-                        runs.setdefault(case["label"], []).append(done[key])
+                    if (done := log.get(key)) is not None:
+                        runs.setdefault(case["label"], []).append(done)
     rep = report(runs, cases, args, time.perf_counter() - started)
-    args.out.write_text(json.dumps(rep, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(rep))
+    write_report(args.out, rep, markdown(rep))
     plot(rep, runs, cases, args.out.with_name(args.out.stem + "_trajectories.png"))
     print(markdown(rep))
 

@@ -42,7 +42,7 @@ from pathlib import Path
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, fmt, interval, machine  # noqa: E402
+from bench.harness import RESULTS, SHARED_DATA, RunLog, arguments, fmt, interval, stamp, write_report  # noqa: E402
 from bench.personalised_setup import (  # noqa: E402
     B7_METHODS,
     B7_RESULTS,
@@ -343,24 +343,21 @@ def markdown(report: dict) -> str:
 def main() -> None:
     from app.registry import METHODS
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 configs of fedavg, fedprox and ditto, 5 rounds, "
-                        "one seed, the embedded data")  # fmt: skip
+    parser = arguments(__doc__, quick="2 configs of fedavg, fedprox and ditto, 5 rounds, one seed, the embedded data",
+                       report_only=True, redirect=("log",))  # fmt: skip
     parser.add_argument("--datasets", nargs="+", default=["femnist", "mnist-folder-dirichlet"], choices=list(DATASETS))
     parser.add_argument("--methods", nargs="+", default=list(B7_METHODS), choices=list(METHODS))
     parser.add_argument("--seeds", type=int, nargs="+", default=list(TEST_SEEDS))
     parser.add_argument("--configs", type=int, default=CONFIGS)
     parser.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
     parser.add_argument("--workers", type=int, default=2, help="runs side by side, one thread each")
-    parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--folder-cache", type=Path, default=Path.home() / ".cache" / "stamen" / "b7-mnist-10k-folder")
-    parser.add_argument("--log", type=Path, default=REPO / "bench" / "results" / "tuned_table_runs.jsonl")
+    parser.add_argument("--log", type=Path, default=RESULTS / "tuned_table_runs.jsonl")
     parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # a worker's
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
         args.datasets, args.methods, args.seeds, args.configs = ["mnist-paper"], ["fedavg", "fedprox", "ditto"], [0], 2
-        args.log = QUICK_RESULTS / args.log.name
     args.rounds = {d: 5 if args.quick else DATASETS[d].rounds for d in args.datasets}
     unknown = [m for m in args.methods if m not in SPACES]
     if unknown:
@@ -377,13 +374,10 @@ def main() -> None:
     log = RunLog(path=args.log, key_fields=TUNED_KEY_FIELDS)
     report = {"benchmark": "B9", "quick": args.quick, "seeds": args.seeds, "configs": args.configs,
               "validation-fraction": VALIDATION, "lr-range": LR_RANGE, "methods": args.methods,
-              "spaces": {m: SPACES[m][1] for m in args.methods}, "machine": machine(),
-              "date": time.strftime("%Y-%m-%d"),
+              "spaces": {m: SPACES[m][1] for m in args.methods}, **stamp(),
               "run-minutes": sum(r.get("wall-seconds", 0) for r in log.results.values()) / 60,
               "datasets": report_of(log, args)}  # fmt: skip
-    out = args.log.with_name("tuned_table.json")
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(report))
+    write_report(args.log.with_name("tuned_table.json"), report, markdown(report))
     print(markdown(report))
 
 

@@ -32,7 +32,6 @@ predictions do not give the accuracy the clients reported.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
@@ -43,13 +42,12 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
 
 import clients.base  # noqa: E402
 import clients.training  # noqa: E402
-from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, RunLog, machine  # noqa: E402
+from bench.harness import RESULTS, SHARED_DATA, RunLog, arguments, machine, results_folder, write_report  # noqa: E402
 from bench.personalised_setup import DATASETS, TUNED_KEY_FIELDS, keys_of, tuned_run_config  # noqa: E402
 
 DATASET = "femnist"
 METHODS = ("fedavg", "fedper", "fedrep", "pfedme", "ditto")
 SEED = 0
-RESULTS = REPO / "bench" / "results"
 TUNED_LOG = RESULTS / "tuned_table_runs.jsonl"
 
 
@@ -175,15 +173,13 @@ def report(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = arguments(__doc__, quick="2 rounds of each; results under bench/results/quick", report_only=True)
     parser.add_argument("--all-clients", action="store_true", help="every writer every round (B9's all-clients run)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--quick", action="store_true", help="2 rounds of each; results under bench/results/quick")
-    parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
     if not (SHARED_DATA / "femnist-leaf").exists():
         raise SystemExit(f"FEMNIST is not at {SHARED_DATA / 'femnist-leaf'}: this benchmark needs it")
-    folder = QUICK_RESULTS if args.quick else RESULTS
+    folder = results_folder(args.quick)
     folder.mkdir(parents=True, exist_ok=True)
     name = "unseen_classes" + ("_all_clients" if args.all_clients else "")
     log = RunLog(path=folder / f"{name}_runs.jsonl", key_fields=TUNED_KEY_FIELDS)
@@ -200,8 +196,8 @@ def main() -> None:
         if row is not None:
             rows.append(row)
     if rows:
-        (folder / f"{name}.json").write_text(json.dumps({"machine": machine(), "runs": rows}, indent=1) + "\n")
-        (folder / f"{name}.md").write_text(report(rows))
+        write_report(folder / f"{name}.json", {"machine": machine(), "runs": rows}, report(rows), stamped=False,
+                     indent=1)  # fmt: skip
         print(report(rows))
 
 
