@@ -12,10 +12,7 @@ Writes ``bench/results/diffusion_memory.json`` and prints a table.
 
 from __future__ import annotations
 
-import argparse
-import json
 import tracemalloc
-from pathlib import Path
 
 from flwr.common import Code, FitRes, GetPropertiesRes, Status, ndarrays_to_parameters  # noqa: E402
 from flwr.server.client_manager import SimpleClientManager  # noqa: E402
@@ -25,7 +22,7 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
     import harness  # noqa: F401
 
 from app.config import parse_settings  # noqa: E402
-from bench.harness import REPO, machine  # noqa: E402
+from bench.harness import arguments, machine, write_report  # noqa: E402
 from clients.models import build_model, parameter_count  # noqa: E402
 from strategies.contracts.code import code_identity  # noqa: E402
 from strategies.diffusion import Diffusion  # noqa: E402
@@ -90,12 +87,11 @@ def measure(name: str, shape: tuple[int, ...], classes: int, agents: int) -> dic
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__, out="diffusion_memory.json")
     parser.add_argument("--agents", type=int, default=200)
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "diffusion_memory.json")
     args = parser.parse_args()
     rows = [measure(name, shape, classes, args.agents) for name, shape, classes in MODELS]
-    args.out.write_text(json.dumps({"machine": machine(), "rows": rows}, indent=1) + "\n")
+    write_report(args.out, {"machine": machine(), "rows": rows}, stamped=False, indent=1)
     print(f"| model | parameters | bytes per agent | held for {args.agents} agents | extra peak while combining |")
     print("|---|---|---|---|---|")
     for r in rows:

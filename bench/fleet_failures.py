@@ -14,7 +14,6 @@ about the failure, those lines, and ``summary.json``'s ``failure-groups``. Write
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 from pathlib import Path
@@ -22,8 +21,7 @@ from pathlib import Path
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from app.local.simulation import LocalSimulation  # noqa: E402
-from bench.harness import REPO  # noqa: E402
+from bench.harness import arguments, local_simulation, write_report  # noqa: E402
 
 NODES = 100
 # iid: 100 clients of the embedded data each get a share (the default split needs more images than it has)
@@ -31,12 +29,11 @@ CASES = {"cuda": {"device": "cuda", "partitioner": "iid"}, "no-reply": {"preflig
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__, out="fleet_failures.json")
     parser.add_argument("--nodes", type=int, default=NODES)
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "fleet_failures.json")
     args = parser.parse_args()
     out: dict[str, object] = {"nodes": args.nodes, "cases": {}}
-    with tempfile.TemporaryDirectory() as results, LocalSimulation(app_dir=REPO) as sim:
+    with tempfile.TemporaryDirectory() as results, local_simulation() as sim:
         for name, config in CASES.items():
             outcome = sim.run(run_config={**config, "results-dir": results, "run-name": name, "num-server-rounds": 2},
                               num_supernodes=args.nodes, timeout_s=900)  # fmt: skip
@@ -49,7 +46,7 @@ def main() -> None:
                                   "wall-seconds": outcome.wall_seconds}  # fmt: skip
             print(f"{name}: {outcome.status}, {len(lines)} log lines, {len(failure_lines)} about the failure:")
             print("\n".join(f"    {line}" for line in failure_lines))
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_report(args.out, out, stamped=False)
     print(f"wrote {args.out}")
 
 

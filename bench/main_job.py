@@ -11,7 +11,6 @@ with the medians. Client sampling is not seeded by Flower, so repeats differ a l
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -22,22 +21,20 @@ from pathlib import Path
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from app.local.simulation import LocalSimulation  # noqa: E402
-from bench.harness import REPO  # noqa: E402
+from bench.harness import arguments, local_simulation, write_report  # noqa: E402
 
 NUM_SUPERNODES = 50
 FEDERATION = "client-resources-num-cpus=1"  # as in the README's quick start: two clients at a time on 2 cores
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__, out="main_job.json")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "main_job.json")
     args = parser.parse_args()
     runs = []
     with tempfile.TemporaryDirectory() as results:
         for repeat in range(args.repeats):
-            with LocalSimulation(app_dir=REPO) as sim:
+            with local_simulation() as sim:
                 name = f"main-{repeat}"
                 outcome = sim.run(
                     run_config={"results-dir": results, "run-name": name},
@@ -69,8 +66,7 @@ def main() -> None:
         "repeats": runs,
         "median": medians,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     print(json.dumps(report["median"], indent=2))
 
 

@@ -13,7 +13,6 @@ Writes ``bench/results/preflight_scale.{json,md}``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -23,11 +22,10 @@ from pathlib import Path
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from app.local.simulation import LocalSimulation  # noqa: E402
-from bench.harness import REPO  # noqa: E402
+from bench.harness import SHARED_DATA, arguments, local_simulation, write_report  # noqa: E402
 
 SIZES = (10, 50, 105)
-FEMNIST = Path(os.environ.get("STAMEN_SHARED_DATA", REPO.parent / "shared" / "data")) / "femnist-leaf"
+FEMNIST = Path(os.environ.get("STAMEN_SHARED_DATA", SHARED_DATA)) / "femnist-leaf"
 
 
 def phases_of(messages: list[dict], first: bool) -> dict[str, float]:
@@ -39,9 +37,8 @@ def phases_of(messages: list[dict], first: bool) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__, out="preflight_scale.json")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "preflight_scale.json")
     args = parser.parse_args()
     if not FEMNIST.is_dir():
         raise SystemExit(f"{FEMNIST} is absent (set STAMEN_SHARED_DATA)")
@@ -53,7 +50,7 @@ def main() -> None:
             config = {"dataset": "femnist", "data-dir": str(FEMNIST), "partitioner": "natural", "model": "cnn-small",
                       "strategy": "fedavg", "num-server-rounds": 1, "fraction-fit": 0.1, "fraction-evaluate": 0.0,
                       "results-dir": str(Path(work) / "results"), "run-name": f"n{nodes}"}  # fmt: skip
-            with LocalSimulation(app_dir=REPO) as sim:
+            with local_simulation() as sim:
                 outcome = sim.run(run_config=config, num_supernodes=nodes, timeout_s=1800,
                                   extra_federation="client-resources-num-cpus=1")  # fmt: skip
             os.environ.pop("STAMEN_PROFILE")
@@ -66,7 +63,6 @@ def main() -> None:
                          "run-wall-seconds": outcome.wall_seconds, "first-message": phases_of(messages, True),
                          "later-messages": phases_of(messages, False)})  # fmt: skip
             print(json.dumps(rows[-1]))
-    args.out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
     lines = ["| nodes | preflight s | per node s | a worker's first message: imports / data / build / work CPU-s | "
              "any other: data / build / work CPU-s |", "|---:|---:|---:|---|---|"]  # fmt: skip
     for row in rows:
@@ -76,7 +72,7 @@ def main() -> None:
                      f"{first.get('imports', 0):.2f} / {first.get('data', 0):.2f} / {first.get('build', 0):.2f} / "
                      f"{first.get('work', 0):.2f} ({first['messages']} messages) | {later.get('data', 0):.3f} / "
                      f"{later.get('build', 0):.3f} / {later.get('work', 0):.3f} ({later['messages']}) |")  # fmt: skip
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_report(args.out, {"rows": rows}, "\n".join(lines) + "\n", stamped=False)
     print("\n".join(lines))
 
 

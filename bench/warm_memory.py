@@ -14,8 +14,6 @@ device holds. Writes ``bench/results/warm_memory.{json,md}``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import tempfile
 from pathlib import Path
 
@@ -25,7 +23,7 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
 from app.fork_server import TASK_NAME  # noqa: E402
 from app.local.deployment import LocalDeployment  # noqa: E402
 from app.local.simulation import FINISHED_OK  # noqa: E402
-from bench.harness import REPO  # noqa: E402
+from bench.harness import REPO, arguments, write_report  # noqa: E402
 from bench.samplers import MemorySampler, process_memory, process_stat, process_trees  # noqa: E402
 
 MODELS = ("cnn-small", "fedavg-cnn")
@@ -86,14 +84,12 @@ def measure(model: str, nodes: int, rounds: int, work: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__, out="warm_memory.json")
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "warm_memory.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         rows = [measure(model, args.nodes, args.rounds, Path(work)) for model in MODELS]
-    args.out.write_text(json.dumps({"nodes": args.nodes, "rounds": args.rounds, "rows": rows}, indent=2) + "\n")
     lines = ["| model | fork server PSS MiB (RSS) | one task child PSS (RSS) | SuperExec PSS | SuperNode PSS | "
              "whole device, peak PSS (RSS) |", "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     for row in rows:
@@ -101,7 +97,8 @@ def main() -> None:
         lines.append(f"| {row['model']} | {r['fork server']['pss']:.0f} ({r['fork server']['rss']:.0f}) | "
                      f"{r['task child']['pss']:.0f} ({r['task child']['rss']:.0f}) | {r['superexec']['pss']:.0f} | "
                      f"{r['supernode']['pss']:.0f} | {row['device']['pss']:.0f} ({row['device']['rss']:.0f}) |")
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_report(args.out, {"nodes": args.nodes, "rounds": args.rounds, "rows": rows}, "\n".join(lines) + "\n",
+                 stamped=False)  # fmt: skip
     print("\n".join(lines))
 
 
