@@ -12,16 +12,14 @@ with the medians. Client sampling is not seeded by Flower, so repeats differ a l
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from bench.harness import arguments, local_simulation, write_report  # noqa: E402
+from bench.harness import arguments, local_simulation, stamp, write_report  # noqa: E402
 
 NUM_SUPERNODES = 50
 FEDERATION = "client-resources-num-cpus=1"  # as in the README's quick start: two clients at a time on 2 cores
@@ -61,8 +59,7 @@ def main() -> None:
     report = {
         "what": f"flwr run . (default config) with num-supernodes={NUM_SUPERNODES} {FEDERATION}, submit to finish",
         "strategy": summary["strategy"],
-        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}",
-        "date": time.strftime("%Y-%m-%d"),
+        **stamp(),
         "repeats": runs,
         "median": medians,
     }
