@@ -34,7 +34,6 @@ counted twice) and, for reference, the sum of RSS.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -48,8 +47,8 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
     import harness  # noqa: F401
 
 from app.local.deployment import LocalDeployment  # noqa: E402
-from app.local.simulation import FINISHED_OK, LocalSimulation  # noqa: E402
-from bench.harness import QUICK_RESULTS, REPO, machine
+from app.local.simulation import FINISHED_OK  # noqa: E402
+from bench.harness import REPO, arguments, local_simulation, machine, results_folder, write_report
 from bench.samplers import MemorySampler, process_stat, process_trees  # noqa: E402
 from datasets.tools.device_folders import CLASSES, INPUT_SHAPE, make_device_folders  # noqa: E402
 
@@ -149,7 +148,7 @@ def simulation_case(app_dir: Path, folder: Path, nodes: int, rounds: int, work: 
     profile = work / "profile.jsonl"
     config = {**run_config(rounds, work / "results", "cost"), "data-dir": str(folder), "partitioner": "iid"}
     with Env(STAMEN_PROFILE=str(profile), STAMEN_CACHE_DIR=str(work / "cache")):
-        with LocalSimulation(app_dir=app_dir, workdir=work / "cwd") as simulation:
+        with local_simulation(app_dir=app_dir, workdir=work / "cwd") as simulation:
             outcome = simulation.run(run_config=config, num_supernodes=nodes, timeout_s=900,
                                      extra_federation=f"client-resources-num-cpus={max(1, 2 // nodes)}")  # fmt: skip
     if outcome.status != FINISHED_OK:
@@ -195,13 +194,12 @@ def table(results: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 SuperNodes, 1 repeat, 2 rounds")
+    parser = arguments(__doc__, quick="2 SuperNodes, 1 repeat, 2 rounds")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     node_counts, repeats, rounds = ((2,), 1, 2) if args.quick else ((2, 4), args.repeats, args.rounds)
-    out_dir = QUICK_RESULTS if args.quick else REPO / "bench" / "results"
+    out_dir = results_folder(args.quick)
     scratch = Path(tempfile.mkdtemp(prefix="stamen-deploy-cost-"))
     try:
         app = worktree("HEAD", scratch / "app")
@@ -251,9 +249,7 @@ def main() -> None:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(scratch / "app")],
                        capture_output=True)  # fmt: skip
         shutil.rmtree(scratch, ignore_errors=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "deploy_cost.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out_dir / "deploy_cost.md").write_text(table(results) + "\n")
+    write_report(out_dir / "deploy_cost.json", results, table(results) + "\n", stamped=False, indent=1)
     print(table(results))
     print(f"wrote {out_dir / 'deploy_cost.json'}")
 

@@ -27,7 +27,6 @@ CPU / CUDA ratios).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -40,9 +39,8 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
     import harness  # noqa: F401
 
 from app.local.inprocess import InProcessRun  # noqa: E402
-from app.local.simulation import LocalSimulation  # noqa: E402
 from app.registry import METHODS  # noqa: E402
-from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, machine  # noqa: E402
+from bench.harness import SHARED_DATA, arguments, local_simulation, stamp, write_report  # noqa: E402
 
 USERS = 50
 B1_HF = {
@@ -121,7 +119,7 @@ def every_method(device: str, rounds: int = 2) -> dict[str, str]:
 
 def through_flower(rounds: int) -> dict:
     """The default job on the GPU through ``flwr run``: status and wall seconds."""
-    with tempfile.TemporaryDirectory() as results, LocalSimulation(app_dir=REPO) as sim:
+    with tempfile.TemporaryDirectory() as results, local_simulation() as sim:
         config = {"device": "cuda", "num-server-rounds": rounds, "results-dir": results, "run-name": "gpu"}
         outcome = sim.run(run_config=config, num_supernodes=USERS, timeout_s=900,
                           extra_federation="client-resources-num-cpus=1 client-resources-num-gpus=0.25")  # fmt: skip
@@ -132,21 +130,20 @@ def through_flower(rounds: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # --cpu-only checks the script, not the GPU: its report is scratch, as --quick's elsewhere
+    parser = arguments(__doc__, out="gpu_check.json", quick_flag="cpu_only")
     parser.add_argument("--cpu-only", action="store_true", help="time the CPU half only (no GPU needed)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--flower-rounds", type=int, default=10)
     parser.add_argument("--data-dir", type=Path, default=SHARED_DATA / "mnist-10k")
     parser.add_argument("--cifar-dir", type=Path, default=SHARED_DATA / "cifar10-jpeg")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gpu_check.json")
     args = parser.parse_args()
     if not args.cpu_only and not torch.cuda.is_available():
         raise SystemExit("gpu_check: torch sees no CUDA device here (torch.cuda.is_available() is False); run it "
                          "on a GPU machine, or with --cpu-only to check the script")  # fmt: skip
     devices = ("cpu",) if args.cpu_only else ("cpu", "cuda")
-    out = QUICK_RESULTS / args.out.name if args.cpu_only else args.out
-    report: dict = {"benchmark": "gpu-check", "machine": machine(), "date": time.strftime("%Y-%m-%d"),
+    report: dict = {"benchmark": "gpu-check", **stamp(),
                     "users": USERS, "warmup": args.warmup, "cases": {}}  # fmt: skip
     for name, (config, clients) in cases(args.data_dir, args.cifar_dir).items():
         report["cases"][name] = {"config": config, "clients": clients}
@@ -165,9 +162,8 @@ def main() -> None:
         report["flwr-run"] = through_flower(args.flower_rounds)
         print(f"default job through flwr run on the GPU: {report['flwr-run']['status']}, "
               f"{report['flwr-run']['wall-seconds']:.0f} s", flush=True)  # fmt: skip
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_report(args.out, report, indent=1)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

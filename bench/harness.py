@@ -123,18 +123,21 @@ class Arguments(argparse.ArgumentParser):
     redirect
         The path arguments that ``--quick`` moves to :data:`QUICK_RESULTS`, each keeping its
         file name (``out``, and a script's own such as ``log``).
+    quick_flag
+        The flag whose runs are scratch: ``quick``, or a script's own (``gpu_check.py``'s ``cpu_only``).
     **kwargs
         Passed to :class:`argparse.ArgumentParser`.
 
     """
 
-    def __init__(self, *, redirect: tuple[str, ...] = ("out",), **kwargs: Any) -> None:
+    def __init__(self, *, redirect: tuple[str, ...] = ("out",), quick_flag: str = "quick", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.redirect = redirect
+        self.quick_flag = quick_flag
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
         parsed = super().parse_args(args, namespace)
-        if getattr(parsed, "quick", False):  # a quick run never overwrites a committed result
+        if getattr(parsed, self.quick_flag, False):  # a quick run never overwrites a committed result
             for name in self.redirect:
                 if getattr(parsed, name, None) is not None:
                     setattr(parsed, name, results_folder(True) / getattr(parsed, name).name)
@@ -148,6 +151,7 @@ def arguments(
     quick: str | bool = False,
     report_only: str | bool = False,
     redirect: tuple[str, ...] = ("out",),
+    quick_flag: str = "quick",
 ) -> Arguments:
     """A script's command line with the shared flags; the script adds its own.
 
@@ -162,9 +166,11 @@ def arguments(
         (no help text) or ``False`` (not taken).
     redirect
         The path arguments that ``--quick`` moves to :data:`QUICK_RESULTS` (see :class:`Arguments`).
+    quick_flag
+        The flag whose runs are scratch, if not ``--quick`` (the script adds it; see :class:`Arguments`).
 
     """
-    made = Arguments(description=description.splitlines()[0], redirect=redirect)
+    made = Arguments(description=description.splitlines()[0], redirect=redirect, quick_flag=quick_flag)
     if quick:
         made.add_argument("--quick", action="store_true", help=quick if isinstance(quick, str) else None)
     if report_only:

@@ -37,10 +37,9 @@ from pathlib import Path
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from bench.harness import QUICK_RESULTS, REPO, SHARED_DATA, machine
+from bench.harness import REPO, SHARED_DATA, arguments, local_simulation, machine, results_folder, write_report
 from bench.samplers import PeakSampler  # noqa: E402
 
-RESULTS = REPO / "bench" / "results"
 IMAGES_PER_CLASS, USERS, BETA, ALPHA = 34, 50, 0.1, 0.001
 CASES = {  # name -> (strategy, fraction-fit)
     "perfedavg-hf-10": ("perfedavg", 0.2),
@@ -84,10 +83,8 @@ def null_app(folder: Path) -> Path:
 
 
 def flower_case(case: str, federation: str, *, warmup: int, rounds: int, results: Path, app_dir: Path = REPO) -> dict:
-    from app.local.simulation import LocalSimulation
-
     config = run_config(case, warmup + rounds, str(results))
-    with LocalSimulation(app_dir=app_dir) as sim:
+    with local_simulation(app_dir=app_dir) as sim:
         sampler = PeakSampler(str(sim.home))
         sampler.start()
         outcome = sim.run(run_config=config, num_supernodes=USERS, extra_federation=federation, timeout_s=3600)
@@ -161,8 +158,7 @@ def spread(values: list[float]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="main case only, 1 repeat, 2 + 8 rounds")
+    parser = arguments(__doc__, quick="main case only, 1 repeat, 2 + 8 rounds")
     parser.add_argument("--repeats", type=int, default=1, help="Flower/plain pairs per setting (default 1)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=30)
@@ -223,9 +219,6 @@ def main() -> None:
             break
     payload = {"benchmark": "B4", "machine": machine(), "cpus": os.cpu_count(), "warmup": args.warmup,
                "rounds": args.rounds, "repeats": args.repeats, "rows": rows, "floor": floors}  # fmt: skip
-    results = QUICK_RESULTS if args.quick else RESULTS  # quick runs are scratch: an ignored folder
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "overhead.json").write_text(json.dumps(payload, indent=2) + "\n")
     lines = ["| case | Ray actors | Flower s/round (median [q1, q3]) | plain s/round | ratio | Flower start-up s | "
              "plain start-up s | Flower peak PSS / RSS MiB | plain peak RSS MiB |",
              "|---|---|---|---|---:|---:|---:|---|---:|"]  # fmt: skip
@@ -240,7 +233,7 @@ def main() -> None:
     for actor, floor in floors.items():
         f = floor["round-seconds"]
         lines.append(f"| {actor} | {f['median']:.3f} [{f['q1']:.3f}, {f['q3']:.3f}] |")
-    (results / "overhead.md").write_text("\n".join(lines) + "\n")
+    write_report(results_folder(args.quick) / "overhead.json", payload, "\n".join(lines) + "\n", stamped=False)
     print("\n".join(lines))
 
 
