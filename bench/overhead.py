@@ -61,7 +61,7 @@ def run_config(case: str, rounds: int, results: str) -> dict:
         "local-steps": 10, "lr": BETA, "perfedavg-beta": BETA, "perfedavg-alpha": ALPHA, "perfedavg-delta": 1e-3,
         "perfedavg-variant": "hf", "batch-size": 40, "perfedavg-outer-batch-size": 40,
         "perfedavg-hessian-batch-size": 40, "adapt-batch-size": 40,
-        "results-dir": results, "run-name": f"{case}-{time.strftime('%H%M%S')}",
+        "results-dir": results, "run-name": f"{case}-{time.monotonic_ns()}",
     }  # fmt: skip
 
 
