@@ -24,9 +24,8 @@ import time
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from bench.harness import REPO, machine
+from bench.harness import REPO, RESULTS, machine, write_report
 
-RESULTS = REPO / "bench" / "results"
 CASES = [  # (strategy, model, batch sizes)
     ("fedavg", "logreg", (10, 128)),
     ("fedavg", "mlp", (10, 128)),
@@ -94,18 +93,16 @@ def main() -> None:
                 f"(after imports {row['peak-mib']['imports']:.0f}, fit {row['fit-seconds']:.2f} s)",
                 flush=True,
             )
-    RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": "client-memory", "machine": machine(), "data": "mnist-5k, partition 0 of 2 (830 images)",
                "method": "ru_maxrss of a fresh process: flwr ClientApp runtime + stamen client_fn + 1 fit + 1 evaluate",
                "rows": rows}  # fmt: skip
-    (RESULTS / "client_memory.json").write_text(json.dumps(payload, indent=2) + "\n")
     lines = ["| strategy | model | batch | after imports (MiB) | after client_fn | peak (fit + evaluate) | fit s |",
              "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
         p = r["peak-mib"]
         lines.append(f"| {r['strategy']} | {r['model']} | {r['batch-size']} | {p['imports']:.0f} | "
                      f"{p['client_fn']:.0f} | {p['evaluate']:.0f} | {r['fit-seconds']:.2f} |")  # fmt: skip
-    (RESULTS / "client_memory.md").write_text("\n".join(lines) + "\n")
+    write_report(RESULTS / "client_memory.json", payload, "\n".join(lines) + "\n", stamped=False)
     print("\n".join(lines))
 
 

@@ -21,10 +21,9 @@ import numpy as np
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from bench.harness import REPO  # noqa: E402
+from bench.harness import RESULTS, write_report  # noqa: E402
 from strategies.fathom_math import overshooting, stationary  # noqa: E402
 
-RESULTS = REPO / "bench" / "results"
 WINDOW = 5
 TESTS = {"stationary": stationary, "overshoot": overshooting}
 B2_TARGET = 0.7968  # B2's target: 95% of tuned FedAvg's plateau (bench/results/fathom_vs_fedavg.json)
@@ -87,8 +86,8 @@ def markdown(rows: list[dict]) -> str:
 def main() -> None:
     order = lambda row: (row["run"], row["seed"])  # noqa: E731
     rows = sorted(b2_rows(), key=order) + sorted(b5_rows(), key=order)
-    (RESULTS / "decay_replay.json").write_text(json.dumps({"window": WINDOW, "rows": rows}, indent=1) + "\n")
-    (RESULTS / "decay_replay.md").write_text(markdown(rows))
+    write_report(RESULTS / "decay_replay.json", {"window": WINDOW, "rows": rows}, markdown(rows), stamped=False,
+                 indent=1)  # fmt: skip
     print(markdown(rows))
 
 

@@ -22,7 +22,6 @@ the mean (the probe's rule) and the median of ``rho`` would choose.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
 
 from app.local.inprocess import InProcessRun  # noqa: E402
 from bench.fathom_setup import PROBE, Start, run_config  # noqa: E402
-from bench.harness import REPO, SHARED_DATA, machine  # noqa: E402
+from bench.harness import RESULTS, SHARED_DATA, machine, write_report  # noqa: E402
 from clients.models import build_model  # noqa: E402
 from clients.training import axpy, gradient, model_loss, to_tensor  # noqa: E402
 from datasets.leaf import load_femnist  # noqa: E402
@@ -96,11 +95,9 @@ def main() -> None:
                          "rho-cohort-sd": float(np.std(cohorts))})  # fmt: skip
         print(f"{label}: done", flush=True)
     probes = [probe_slots(lr, seed, data) for lr in (0.01, 0.1, 0.3) for seed in (0, 1, 2)]
-    out = REPO / "bench" / "results"
     results = {"benchmark": "step_signals", "machine": machine(), "seconds": time.perf_counter() - started,
                "batch": BATCH, "probed-writers": len(PROBED), "held-out-writers": len(HELD_OUT), "rows": rows,
                "probes": probes}
-    (out / "step_signals.json").write_text(json.dumps(results, indent=1) + "\n")
     lines = ["One epoch (batch 16) on writers 0-29 from each model, at each lr: the global loss on writers 60-104's "
              "training images after their mean update, and rho = mean local loss / first step's loss.", "",
              "| from | global loss before | lr | global loss after | mean rho | sd of rho over 3-writer cohorts |",
@@ -116,7 +113,7 @@ def main() -> None:
         cells = ", ".join(f"{m:.3f} / {d:.3f}" for m, d in zip(probe["means"], probe["medians"], strict=True))
         lines.append(f"| {probe['lr']} | {probe['seed']} | {cells} | x{probe['chosen']:.3g} | "
                      f"x{probe['median-chooses']:.3g} |")
-    (out / "step_signals.md").write_text("\n".join(lines) + "\n")
+    write_report(RESULTS / "step_signals.json", results, "\n".join(lines) + "\n", stamped=False, indent=1)
     print("\n".join(lines))
 
 
