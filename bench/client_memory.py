@@ -24,7 +24,7 @@ import time
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from bench.harness import REPO, RESULTS, machine, write_report
+from bench.harness import REPO, RESULTS, arguments, machine, write_report
 
 CASES = [  # (strategy, model, batch sizes)
     ("fedavg", "logreg", (10, 128)),
@@ -75,7 +75,7 @@ def child(strategy: str, model: str, batch: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--child", nargs=3, metavar=("STRATEGY", "MODEL", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
