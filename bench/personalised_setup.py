@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.config import parse_settings
-from bench.harness import REPO, SHARED_DATA
+from bench.harness import RESULTS, SHARED_DATA
 from datasets import DataSpec, load_source
 from datasets.tools.device_folders import CLASSES, INPUT_SHAPE, write_split
 
@@ -213,7 +213,7 @@ SPACES: dict[str, tuple[tuple[Dim, ...], str]] = {
 B7_METHODS = ("fedavg", "perfedavg", "fathom", "diffusion", "fedprox", "ditto", "scaffold", "fedrep", "fedper",
               "pfedme", "apfl")  # fmt: skip
 TUNED_KEY_FIELDS = ("dataset", "method", "phase", "config", "seed", "rounds")
-B7_RESULTS = REPO / "bench" / "results" / "personalised_table.json"
+B7_RESULTS = RESULTS / "personalised_table.json"
 
 
 def step_key(method: str) -> str:
