@@ -227,7 +227,8 @@ def write_report(
     previous
         The report this one replaces, whose machine and date a rebuilt report keeps.
     stamped
-        False for a report that carries no machine or date.
+        False: write the report as it is (the reports that have never carried a date, some
+        of them with their own ``"machine": machine()``).
     indent
         The JSON's indent (each committed report keeps the one it was written with).
 
