@@ -23,8 +23,16 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from app.local.credentials import Certificates, make_certificates
-from app.local.deployment_commands import connection_file, gate_command, superlink_command, tls_problem, url_host
+from app.local.credentials import Certificates, NodeKey, make_certificates
+from app.local.deployment_commands import (
+    connection_file,
+    gate_command,
+    node_config,
+    superlink_command,
+    supernode_options,
+    tls_problem,
+    url_host,
+)
 from app.local.deployment_nodes import DeploymentNodes
 from app.local.deployment_runs import CONNECTION, DeploymentRuns
 from app.local.flower_text import option_string
@@ -202,6 +210,20 @@ class LocalDeployment(DeploymentNodes, DeploymentRuns):
     def _spawn(self, name: str, command: list[str], *, env: dict[str, str] | None = None,
                cwd: Path | None = None) -> Started:  # fmt: skip
         return spawn(name, command, log_path=self.logs / f"{name}.log", env=env or self.env, cwd=cwd or self.workdir)
+
+    # here, not in deployment_nodes.py: every first port is picked in this module (tests/test_deploy_ports.py
+    # hands out taken ones through its free_port)
+    def node_command(self, partition: int, *, key: NodeKey | None = None) -> list[str]:
+        """The ``flower-supernode`` command for partition ``partition``."""
+        own_data = self.node_data[partition] if self.node_data and partition < len(self.node_data) else None
+        options = supernode_options(superlink=self.fleet_address, tls=self.tls, certificates=self.certificates,
+                                    node_config=node_config(partition, self.num_nodes, data_dir=own_data,
+                                                            numbered=self.numbered), key=key)  # fmt: skip
+        if partition in self.devices:  # a device of its own: it picks its Runtime API port itself
+            return [*self.devices[partition], *options]
+        if self.warm:  # the device picks the port of its SuperNode's Runtime API itself
+            return [sys.executable, "-m", "app.device", *options]
+        return ["flower-supernode", *options, "--port", str(free_port())]
 
     def exited(self) -> str | None:
         """The first of the SuperLink, the Fleet gate and the federation's SuperNodes that exited, with its log.

@@ -1,21 +1,19 @@
-"""The SuperNodes of a local deployment: each one's command, its start (and key), a restart on a lost port, a kill.
+"""The SuperNodes of a local deployment: each one's start (its key registered), a restart on a lost port, a kill.
 
 :class:`~app.local.deployment.LocalDeployment` takes these methods from :class:`DeploymentNodes`.
 A node starts as one of three kinds: a plain ``flower-supernode``, a warm device
-(``python -m app.device``) or a device installed apart (``devices``); each gets the same
-options (:func:`~app.local.deployment_commands.supernode_options`).
+(``python -m app.device``) or a device installed apart (``devices``), each with its own
+environment and folder; its command is the deployment's ``node_command``.
 """
 
 from __future__ import annotations
 
 import signal
-import sys
 from pathlib import Path
 
-from app.local.credentials import Certificates, NodeKey, make_node_key
-from app.local.deployment_commands import node_config, supernode_options
+from app.local.credentials import make_node_key
 from app.local.deployment_runs import CONNECTION
-from app.local.processes import Started, free_port, hold_port, runtime_port
+from app.local.processes import Started, hold_port, runtime_port
 
 
 class DeploymentNodes:
@@ -23,20 +21,15 @@ class DeploymentNodes:
 
     A mixin: the class using it holds the attributes below (see
     :class:`~app.local.deployment.LocalDeployment`'s parameters) and defines ``_spawn``,
-    ``flwr`` and ``fleet_address``.
+    ``flwr`` and ``node_command``.
     """
 
-    num_nodes: int
-    node_data: list[Path] | None
-    numbered: bool
-    tls: bool
     node_auth: bool
     warm: bool
     devices: dict[int, list[str]]
     app_dir: Path
     workdir: Path
     env: dict[str, str]
-    certificates: Certificates | None
     nodes: dict[int, Started]
     extra_nodes: list[Started]
     killed: set[int]
@@ -51,18 +44,6 @@ class DeploymentNodes:
             without_port = node.command[: node.command.index("--port")]
             hold_port(node, port, lambda fresh: self._spawn_node(partition, node.name, [*without_port, "--port",
                                                                                        str(fresh)]))  # fmt: skip
-
-    def node_command(self, partition: int, *, key: NodeKey | None = None) -> list[str]:
-        """The ``flower-supernode`` command for partition ``partition``."""
-        own_data = self.node_data[partition] if self.node_data and partition < len(self.node_data) else None
-        options = supernode_options(superlink=self.fleet_address, tls=self.tls, certificates=self.certificates,
-                                    node_config=node_config(partition, self.num_nodes, data_dir=own_data,
-                                                            numbered=self.numbered), key=key)  # fmt: skip
-        if partition in self.devices:  # a device of its own: it picks its Runtime API port itself
-            return [*self.devices[partition], *options]
-        if self.warm:  # the device picks the port of its SuperNode's Runtime API itself
-            return [sys.executable, "-m", "app.device", *options]
-        return ["flower-supernode", *options, "--port", str(free_port())]
 
     def start_node(self, partition: int, *, register: bool = True, name: str = "") -> Started:
         """Start the SuperNode of ``partition``.
