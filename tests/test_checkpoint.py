@@ -7,12 +7,15 @@ import json
 import numpy as np
 import pytest
 from flwr.common import parameters_to_ndarrays
+from flwr.server.client_manager import SimpleClientManager
 from helpers import K, diffusion_strategy, federation, settings_for
 
 from app.config import ConfigError, parse_settings
-from app.results import ResultWriter, read_metrics
-from app.server_app import checkpoint_to_resume
+from app.local.inprocess import InProcessProxy, build_clients
+from app.results import ResultWriter
+from app.server_app import build_strategy, checkpoint_to_resume
 from strategies.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from strategies.recorder import NullRecorder
 from strategies.resume import ContinuedRun
 
 
@@ -118,31 +121,36 @@ def test_diffusion_resumed_from_a_checkpoint_matches_the_uninterrupted_run():
     assert recorder.summary["rounds"] == 5
 
 
-@pytest.mark.e2e
-def test_fathom_simulation_stopped_after_its_checkpoint_resumes_without_loss_or_duplication(tmp_path, local_simulation):
-    config = {"strategy": "fathom", "num-server-rounds": 4, "fraction-fit": 1.0, "min-fit-clients": 4,
-              "local-epochs": 1.0, "batch-size": 8, "eval-every": 2, "checkpoint-every": 2,
-              "results-dir": str(tmp_path)}  # fmt: skip
-    sim = local_simulation
-    whole = sim.run(run_config={**config, "run-name": "whole"}, num_supernodes=4, timeout_s=300)
-    # the same run stopped after its round-2 checkpoint ...
-    first = sim.run(run_config={**config, "num-server-rounds": 2, "run-name": "cut"}, num_supernodes=4,
-                    timeout_s=300)  # fmt: skip
-    cut = tmp_path / "cut"
-    with (cut / "metrics.jsonl").open("a") as handle:  # ... after it had recorded round 3, say
-        handle.write(json.dumps({"round": 3, "strategy": "fathom", "hp-lr": -1.0}) + "\n")
-    resumed = sim.run(run_config={**config, "resume-from": str(cut)}, num_supernodes=4, timeout_s=300)
-    for outcome in (whole, first, resumed):
-        assert outcome.ok, outcome.log_tail
-    assert "resumed after round 2 of 4" in resumed.log
-    records = read_metrics(cut / "metrics.jsonl")
-    reference = read_metrics(tmp_path / "whole" / "metrics.jsonl")
-    assert [r["round"] for r in records] == [1, 2, 3, 4]
-    assert json.loads((cut / "summary.json").read_text())["rounds"] == 4
-    # the hyperparameters in force in round 3 are FATHOM's state after round 2, restored from the checkpoint
-    for mine, theirs in zip(records, reference, strict=True):
-        for key in ("hp-lr", "hp-local-epochs", "hp-batch-size"):
+def fathom_federation(settings, num_clients):
+    """FATHOM's strategy (records in memory) and ``num_clients`` fresh clients built as the ClientApp builds them."""
+    manager = SimpleClientManager()
+    for partition, client in enumerate(build_clients(settings, num_clients)):
+        manager.register(InProcessProxy(f"node-{partition}", client))
+    recorder = NullRecorder()
+    return build_strategy(settings, recorder=recorder), manager, recorder
+
+
+def test_fathom_stopped_after_its_checkpoint_resumes_without_loss_or_duplication():
+    """The run cut after its round-2 checkpoint and continued by fresh processes gives the uninterrupted run."""
+    settings = parse_settings({"strategy": "fathom", "num-server-rounds": 4, "fraction-fit": 1.0,
+                               "min-fit-clients": 4, "local-epochs": 1.0, "batch-size": 8, "eval-every": 2,
+                               "checkpoint-every": 2})  # fmt: skip
+    whole, manager, whole_recorder = fathom_federation(settings, 4)
+    final = play(whole, manager, 4)
+    assert [c.round for c in whole_recorder.checkpoints] == [2, 4]
+    at_two = whole_recorder.checkpoints[0]
+    assert at_two.state["tuner"]["round"] == 2 and whole_recorder.checkpoints[1].state["tuner"]["round"] == 4
+
+    again, manager, recorder = fathom_federation(settings, 4)  # new clients and server: nothing kept in memory
+    continued = ContinuedRun(strategy=again, checkpoint=at_two)
+    assert continued.remaining_rounds == 2
+    resumed_final = play(continued, manager, 2)
+    assert [r["round"] for r in again.history] == [1, 2, 3, 4]
+    # the hyperparameters in force in rounds 3 and 4 are FATHOM's state after round 2, restored from the checkpoint
+    for mine, theirs in zip(again.history, whole.history, strict=True):
+        for key in ("hp-lr", "hp-local-epochs", "hp-batch-size", "train-loss"):
             assert mine[key] == pytest.approx(theirs[key], rel=1e-6), (mine["round"], key)
-    assert records[2]["hp-lr"] != records[0]["hp-lr"]  # the state had moved by then
-    stored = load_checkpoint(cut)
-    assert stored.round == 4 and stored.state["tuner"]["round"] == 4  # the tuner part keeps its own state
+    assert whole.history[2]["hp-lr"] != whole.history[0]["hp-lr"]  # the state had moved by then
+    for mine, theirs in zip(parameters_to_ndarrays(resumed_final), parameters_to_ndarrays(final), strict=True):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-7)
+    assert [c.round for c in recorder.checkpoints] == [4] and recorder.checkpoints[0].state["tuner"]["round"] == 4
