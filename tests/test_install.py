@@ -65,16 +65,18 @@ def test_rewrite_refuses_a_plain_import_of_a_package_naming_the_file():
         rewrite_imports("import json\nimport strategies.base\n", filename="clients/x.py")
 
 
-def _build_wheel(directory: Path) -> Path:
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel of this checkout, built once for the module's tests."""
+    directory = tmp_path_factory.mktemp("wheel")
     # --no-build-isolation: hatchling comes from the test extras, so this needs no package index
     command = [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q"]
-    subprocess.run([*command, "-w", str(directory)], check=True, capture_output=True, text=True)
-    (wheel,) = directory.glob("stamen-*.whl")
-    return wheel
+    subprocess.run([*command, "-w", str(directory)], check=True, capture_output=True, text=True, timeout=600)
+    (built,) = directory.glob("stamen-*.whl")
+    return built
 
 
-def test_the_wheel_holds_only_stamen_and_every_file_of_the_four_packages(tmp_path):
-    wheel = _build_wheel(tmp_path)
+def test_the_wheel_holds_only_stamen_and_every_file_of_the_four_packages(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     roots = {name.split("/")[0] for name in names}
     assert roots == {"stamen", "stamen-0.1.0.dist-info"}, roots
@@ -88,8 +90,7 @@ def test_the_wheel_holds_only_stamen_and_every_file_of_the_four_packages(tmp_pat
     assert in_clone <= shipped and shipped - in_clone == {"__init__.py"}
 
 
-def test_the_installed_copy_imports_and_loads_its_data_without_any_short_name(tmp_path):
-    wheel = _build_wheel(tmp_path / "wheel")
+def test_the_installed_copy_imports_and_loads_its_data_without_any_short_name(tmp_path, wheel):
     installed = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(installed)
     probe = textwrap.dedent(
@@ -164,31 +165,28 @@ def test_flwr_datasets_survives_installing_stamen_and_the_quick_start_job_finish
     out = subprocess.run([python, "-c", check], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
-    # README quick start 1, with the venv's flwr: the job runs from the clone and finishes. 20 of its 100
+    # README quick start 1, with the venv's flwr: the job runs from the clone and finishes. 5 of its 100
     # rounds (the last one evaluated) take the same path through the install; the rest only cost CI time.
     monkeypatch.setenv("PATH", f"{_venv_python(venv).parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("VIRTUAL_ENV", str(venv))
     with LocalSimulation(app_dir=REPO) as sim:
-        outcome = sim.run(run_config={"num-server-rounds": 20}, num_supernodes=50,
+        outcome = sim.run(run_config={"num-server-rounds": 5}, num_supernodes=50,
                           extra_federation="client-resources-num-cpus=1", timeout_s=900)  # fmt: skip
     assert outcome.ok, outcome.log_tail
-    assert "final: perfedavg: 20 rounds" in outcome.log and "final personalised accuracy 0." in outcome.log
+    assert "final: perfedavg: 5 rounds" in outcome.log and "final personalised accuracy 0." in outcome.log
 
 
 @pytest.mark.e2e
-def test_a_device_from_the_installed_wheel_alone_joins_a_tls_deployment(tmp_path):
+def test_a_device_from_the_installed_wheel_alone_joins_a_tls_deployment(tmp_path, wheel):
     """stamen-device from a fresh virtual environment holding only the wheel, in an empty folder, beside a SuperNode."""
     from app.local.deployment import LocalDeployment
 
-    wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
-                    str(REPO)], check=True, capture_output=True, timeout=600)  # fmt: skip
     venv = tmp_path / "venv"
     # torch, flwr and the rest come from the system site-packages (the registry's torch is capped and on disk); the
     # wheel goes into the venv itself, over whatever stamen the system may hold
     python = _venv_beside_this_python(venv)
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed",
-                    *map(str, wheels.glob("stamen-*.whl"))], check=True, capture_output=True, timeout=600)  # fmt: skip
+                    str(wheel)], check=True, capture_output=True, timeout=600)  # fmt: skip
     device = python.parent / "stamen-device"
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -197,7 +195,8 @@ def test_a_device_from_the_installed_wheel_alone_joins_a_tls_deployment(tmp_path
     results = tmp_path / "results"
     config = {"strategy": "fedavg", "num-server-rounds": 2, "partitioner": "iid", "results-dir": str(results),
               "run-name": "installed-device"}  # fmt: skip
-    with LocalDeployment(app_dir=REPO, num_nodes=2, tls=True, devices={0: [str(device)]},
+    # node 1 a warm device of the checkout (no fresh flwr-clientapp process per message), node 0 the installed one
+    with LocalDeployment(app_dir=REPO, num_nodes=2, tls=True, warm=True, devices={0: [str(device)]},
                          workdir=tmp_path / "deployment") as deployment:  # fmt: skip
         outcome = deployment.run(config, timeout_s=600)
         device_log = deployment.nodes[0].log_path.read_text(errors="replace")
