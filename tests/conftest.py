@@ -86,6 +86,10 @@ def local_simulation():
 
 def pytest_sessionstart(session):
     os.environ[SESSION_MARK] = f"{os.getpid()}-{time.time_ns()}"
+    # Ray's ray.init() joins a cluster it finds running on this machine (tests/test_ray_cluster.py starts one):
+    # with two pytest-xdist workers, another module's simulation would join that cluster and die when it stops.
+    # "local" makes each simulation start its own; a run that must join a cluster names it in its environment.
+    os.environ.setdefault("RAY_ADDRESS", "local")
 
 
 def started_by_this_session() -> dict[int, str]:
@@ -106,28 +110,51 @@ def started_by_this_session() -> dict[int, str]:
     return found
 
 
-def pytest_sessionfinish(session, exitstatus):
-    """Fail the session if any SuperLink, SuperNode, SuperExec, ClientApp or Ray process it started is still running."""
+# What each pytest-xdist worker left running, as the workers report it to the controller (pytest_testnodedown)
+LEFT_BY_WORKERS: list[str] = []
+
+
+def stop_what_this_session_left() -> list[str]:
+    """Stop (SIGKILL) the processes this session's mark finds after a grace period; a line for each."""
     if not Path("/proc/self/environ").exists():
-        return
+        return []
     deadline = time.monotonic() + LEFT_RUNNING_GRACE_S
     left = started_by_this_session()
     while left and time.monotonic() < deadline:
         time.sleep(1.0)
         left = started_by_this_session()
-    if not left:
-        return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    lines = [f"the test session left {len(left)} process(es) running (now stopped):"]
-    lines += [f"  {pid}: {command[:200]}" for pid, command in sorted(left.items())]
-    for line in lines:
-        if reporter is None:
-            print(line)
-        else:
-            reporter.write_line(line, red=True)
     for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    return [f"  {pid}: {command[:200]}" for pid, command in sorted(left.items())]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    LEFT_BY_WORKERS.extend(getattr(node, "workeroutput", {}).get("left-running", []))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the session if any SuperLink, SuperNode, SuperExec, ClientApp or Ray process it started is still running.
+
+    Under pytest-xdist each worker is a session with its own mark: a worker stops what it
+    left and hands the lines to the controller, which reports them and fails the run (a
+    worker's own exit status does not reach the controller's).
+    """
+    left = stop_what_this_session_left()
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker
+        workeroutput["left-running"] = left
+        return
+    left += LEFT_BY_WORKERS
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for line in [f"the test session left {len(left)} process(es) running (now stopped):", *left]:
+        if reporter is None:
+            print(line)
+        else:
+            reporter.write_line(line, red=True)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
