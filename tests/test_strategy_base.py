@@ -6,8 +6,8 @@ from flwr.server.client_manager import SimpleClientManager
 from helpers import SHAPES, arrays, fit_res
 from helpers import stand_in_fedavg as make_strategy
 
+from strategies.contracts.client_reports import FIT_METRICS
 from strategies.contracts.code import code_identity
-from strategies.contracts.common import FIT_METRICS
 from strategies.fedavg import FedAvg
 from strategies.perfedavg import PerFedAvg
 from strategies.records import progress_line
@@ -64,7 +64,7 @@ def test_fit_reply_checks():
 
 
 def test_evaluate_reply_checks():
-    from strategies.contracts.common import EVALUATE_METRICS
+    from strategies.contracts.client_reports import EVALUATE_METRICS
 
     specs = {m.name: m for m in EVALUATE_METRICS}
     assert evaluate_reply_problem(0.3, 5, {"accuracy": 0.9}, specs) is None

@@ -25,9 +25,6 @@ from datasets import (
     parse_classes,
     parse_shape,
 )
-
-# re-exported: tests/test_strategy_base.py and bench/step_signals.py import these from here
-from strategies.contracts.client_reports import EVALUATE_METRICS, FIT_METRICS, START_LOSS, TRAIN_LOSS  # noqa: F401
 from strategies.contracts.keys import ConfigError, KeyedSettings, key
 
 # the weighted means, then rules a few outsized replies cannot move far (strategies/aggregation.py; Yin et al.,
