@@ -1,4 +1,10 @@
-"""Asynchronous diffusion through Flower's simulation engine: the theory check and 200 agents."""
+"""Asynchronous diffusion through Flower's simulation engine: every agent's iterates, and 200 agents.
+
+The theory (the network mean heads for the Perron-weighted optimum, 2,000 rounds) is
+checked in process by ``tests/test_diffusion.py``; here a short ``flwr run`` must give
+every agent's iterates of the in-process driver for the same seed, round by round, and
+write the snapshots, the topology and a record per round.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +13,10 @@ import json
 import numpy as np
 import pytest
 
-from app.config import parse_settings
-from datasets import load_client_data
-from datasets.least_squares import least_squares_optimum
+from app.local.inprocess import InProcessRun
 
 pytestmark = pytest.mark.e2e
-AGENTS, ROUNDS = 5, 300
+AGENTS, ROUNDS = 5, 20
 THEORY = {"strategy": "diffusion", "dataset": "least-squares", "model": "linear", "partitioner": "natural",
           "synthetic-alpha": 2.0, "synthetic-beta": 0.5, "diffusion-mode": "diffusion", "diffusion-graph": "star",
           "diffusion-combination": "uniform", "diffusion-participation-per-agent": "1.0,0.5,0.5,0.5,0.5",
@@ -35,28 +39,26 @@ def runs(tmp_path_factory, local_simulation):
     return (theory, results / "theory"), (big, results / "big")
 
 
-def test_network_mean_ends_nearer_the_weighted_optimum_than_the_plain_one(runs):
+def test_flower_gives_every_agent_the_iterates_of_the_in_process_driver(runs):
     (outcome, run_dir) = runs[0]
     assert outcome.ok, outcome.log_tail
+    flower = np.load(run_dir / "agents.npz")["models"]
+    assert flower.shape == (ROUNDS, AGENTS, 10)
+    local = []
+    run = InProcessRun(run_config=THEORY, num_clients=AGENTS)
+    run.run(ROUNDS, lambda _, strategy: local.append(strategy.agents.copy()))
+    np.testing.assert_array_equal(flower, np.stack(local).astype(flower.dtype))
     topology = np.load(run_dir / "topology.npz")
-    agents = np.load(run_dir / "agents.npz")
-    assert agents["models"].shape == (ROUNDS, AGENTS, 10)
-    mean = agents["models"][ROUNDS // 2 :].mean(axis=(0, 1))  # network mean over the second half
-    settings = parse_settings(THEORY)
-    parts = [load_client_data(settings.data_spec(AGENTS), settings.partition_spec(AGENTS), k) for k in range(AGENTS)]
-    xs, ys = [p.train_x for p in parts], [p.train_y for p in parts]
-    w_seed = least_squares_optimum(xs, ys, topology["weights"])
-    w_limit = least_squares_optimum(xs, ys, topology["limit_weights"])
-    w_plain = least_squares_optimum(xs, ys, np.ones(AGENTS))
-    assert np.linalg.norm(w_seed - w_plain) > 0.5
-    assert np.linalg.norm(mean - w_seed) < 0.6 * np.linalg.norm(mean - w_plain)
-    assert np.linalg.norm(mean - w_limit) < np.linalg.norm(mean - w_seed)
+    # what the server combined with (their closed forms: tests/test_diffusion.py); the centre weighs most
+    for key in ("weights", "limit_weights"):
+        np.testing.assert_allclose(topology[key], getattr(run.strategy.network, key))
+    assert topology["weights"].sum() == pytest.approx(1) and topology["weights"].argmax() == 0
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in records] == list(range(1, ROUNDS + 1))
     assert all(r["clients-failed"] == 0 and r["disagreement"] >= 0 for r in records)
-    # the centre (q = 1) takes part every round; the four others about half the time
-    participated = np.mean([r["agents-participated"] for r in records])
-    assert 1 + 4 * 0.5 - 0.4 < participated < 1 + 4 * 0.5 + 0.4
+    # the centre (q = 1) takes part every round, the four others each about half the time: 3 +- 4 sd of a 20-round mean
+    participated = [r["agents-participated"] for r in records]
+    assert all(1 <= n <= AGENTS for n in participated) and abs(np.mean(participated) - 3) < 0.9
     assert records[-1]["eval-clients"] == AGENTS and "loss" in records[-1]
 
 
