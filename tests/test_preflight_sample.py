@@ -53,9 +53,11 @@ def run(method: str, sample: int, **overrides) -> tuple[list[np.ndarray], list[f
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_a_sampled_preflight_gives_the_run_of_a_full_one(method):
+def test_a_sampled_preflight_gives_the_run_of_a_full_one(method, caplog):
     full_model, full_losses, full = run(method, 0)
+    caplog.clear()
     sampled_model, sampled_losses, sampled = run(method, 4)
+    assert f"preflight: 4 of {NODES} connected clients asked (preflight-sample)" in caplog.text
     assert sampled_losses == full_losses
     for a, b in zip(full_model, sampled_model, strict=True):
         np.testing.assert_array_equal(a, b)

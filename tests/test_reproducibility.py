@@ -5,7 +5,9 @@ from (seed, round, the connected partitions), combines replies in partition orde
 seeds every client's batches, so two runs of one config on one machine write the same
 ``metrics.jsonl`` apart from the timings, and a run stopped and resumed from its
 checkpoint writes what the uninterrupted one did. ``tests/state_app`` checks that a
-client's ``Context.state`` survives from one round to the next.
+client's ``Context.state`` survives from one round to the next. That a preflight over a
+sample of the nodes gives the run of one over every node is checked for every method in
+process (``tests/test_preflight_sample.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ def runs(tmp_path_factory, local_simulation):
     common = {**CONFIG, "results-dir": str(results)}
     independent = {name: {**common, "run-name": name} for name in ("first", "second")}
     independent["cut"] = {**common, "num-server-rounds": 2, "checkpoint-every": 2, "run-name": "cut"}
-    independent["sampled"] = {**common, "preflight-sample": 3, "run-name": "sampled"}
     # every run but the resumed one submitted at once (each in its own simulation process, seeded alike), and the
     # state app beside them on a SuperLink of its own: run one after another, the module took 157 s
     sim = local_simulation
@@ -45,7 +46,7 @@ def runs(tmp_path_factory, local_simulation):
         resumed = {**common, "resume-from": str(results / "cut")}
         done["resumed"] = sim.run(run_config=resumed, num_supernodes=CLIENTS, timeout_s=300)
         kept = state_sim.wait(state, timeout_s=300)
-    outcomes = [done[name] for name in ("first", "second", "cut", "resumed", "sampled")]
+    outcomes = [done[name] for name in ("first", "second", "cut", "resumed")]
     return outcomes, kept, results
 
 
@@ -72,10 +73,3 @@ def test_client_state_survives_from_round_to_round(runs):
     assert all(r["clients-succeeded"] == 4 and r["clients-failed"] == 0 for r in records), [
         r.get("fit-failures") for r in records
     ]
-
-
-def test_a_preflight_over_three_nodes_gives_the_records_of_one_over_every_node(runs):
-    # the server numbers the nodes itself and each loads the partition it is sent
-    outcomes, _, results = runs
-    assert "3 of 10 connected clients asked (preflight-sample)" in outcomes[-1].log
-    assert lines_without_timings(results / "sampled") == lines_without_timings(results / "first")
