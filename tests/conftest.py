@@ -84,6 +84,26 @@ def local_simulation():
         yield simulation
 
 
+# The longest end-to-end modules, longest first (measured on two workers, 2 cores). pytest-xdist hands out whole
+# modules in collection order; started first, the long ones overlap each other and the unit modules fill the gaps,
+# instead of one long module running alone at the end. A stale list costs minutes, never a result.
+LONGEST_FIRST = ("test_warm_device.py", "test_deployment.py", "test_install.py", "test_failures_e2e.py",
+                 "test_reproducibility.py", "test_simulation.py", "test_deployment_node_data.py",
+                 "test_deploy_helper.py", "test_divergence.py", "test_tuner.py", "test_own_app.py")  # fmt: skip
+
+
+def module_rank(item: pytest.Item) -> tuple[int, int]:
+    """Listed long modules first, in the list's order; then the other end-to-end modules; the unit modules last."""
+    name = item.path.name
+    if name in LONGEST_FIRST:
+        return 0, LONGEST_FIRST.index(name)
+    return (1 if item.get_closest_marker("e2e") else 2), 0
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=module_rank)  # stable: a module's tests keep their order
+
+
 def pytest_sessionstart(session):
     os.environ[SESSION_MARK] = f"{os.getpid()}-{time.time_ns()}"
     # Ray's ray.init() joins a cluster it finds running on this machine (tests/test_ray_cluster.py starts one):
