@@ -1,11 +1,10 @@
-"""Ditto: the two local updates against a hand computation, evaluation of the personal model, and a simulation."""
-
-import json
+"""Ditto: the two local updates against a hand computation, evaluation of the personal model, and a run."""
 
 import numpy as np
 import pytest
 from conftest import settings
 
+from app.local.inprocess import InProcessRun
 from clients.ditto import PERSONAL, DittoClient
 from clients.models import build_model
 from datasets import ClientData
@@ -80,14 +79,17 @@ def test_evaluation_tests_the_personal_model_and_reports_the_global_one_beside_i
     assert metrics["global-loss"] == pytest.approx(0.5 * np.mean(y**2), rel=1e-5) and loss < metrics["global-loss"]
 
 
-@pytest.mark.e2e
-def test_personal_models_persist_across_rounds_in_a_simulation(tmp_path, local_simulation):
-    config = {"strategy": "ditto", "num-server-rounds": 3, "fraction-fit": 1.0, "eval-every": 1,
-              "ditto-lambda": 0.5, "results-dir": str(tmp_path), "run-name": "ditto"}  # fmt: skip
-    outcome = local_simulation.run(run_config=config, num_supernodes=4, timeout_s=300)
-    assert outcome.ok, outcome.log_tail
-    records = [json.loads(line) for line in (tmp_path / "ditto" / "metrics.jsonl").read_text().splitlines()]
+def test_personal_models_persist_across_rounds_in_each_nodes_context():
+    # each node's Context lives the whole run, as a SuperNode's does (that Flower keeps Context.state from round to
+    # round in a simulation is tests/test_reproducibility.py's state app)
+    config = {"strategy": "ditto", "fraction-fit": 1.0, "min-fit-clients": 4, "min-available-clients": 4,
+              "ditto-lambda": 0.5, "eval-every": 1}  # fmt: skip
+    run = InProcessRun(run_config=config, num_clients=4)
+    fits, evaluations = [], []
+    for _ in range(3):
+        fits.append(run.step())
+        evaluations.append(run.evaluate())
     # every client updates its personal model every round: 4, 8, 12 updates counted from Context.state
-    assert [r["ditto-personal-rounds"] for r in records] == [4, 8, 12]
-    assert all(r["clients-failed"] == 0 and 0 <= r["accuracy"] <= 1 for r in records)
-    assert records[-1]["accuracy"] > records[-1]["global-accuracy"]  # personal models fit their own clients
+    assert [fit["ditto-personal-rounds"] for fit in fits] == [4, 8, 12]
+    assert all(0 <= e["accuracy"] <= 1 and e["eval-clients-failed"] == 0 for e in evaluations)
+    assert evaluations[-1]["accuracy"] > evaluations[-1]["global-accuracy"]  # personal models fit their own clients
