@@ -19,6 +19,7 @@ from flwr.common import FitRes, ndarrays_to_parameters
 from flwr.server.client_manager import SimpleClientManager
 
 from app.config import ConfigError, ignored_keys, parse_settings, tuned_keys
+from app.local.inprocess import InProcessRun
 from app.registry import METHODS
 from clients.base import round_generator
 from clients.meta import meta_gradient
@@ -210,27 +211,12 @@ def test_an_untuned_client_reports_no_phi():
 
 
 @pytest.mark.e2e
-def test_tuned_simulations_with_and_without_a_start_probe_record_their_trajectories(tmp_path, local_simulation):
-    # Per-FedAvg with FATHOM's rule alone, and FedAvg and Per-FedAvg each with a 2-round start probe first and the
-    # stationarity test after it (FedAvg's started by the loss gate); one simulation, side by side
-    runs = {
-        "tuned": {"tune": "fathom", "perfedavg-beta": 0.1, "fathom-gamma-lr": 0.2, "num-server-rounds": 4,
-                  "eval-every": 4},
-        "probed": {"strategy": "fedavg", "tune": "fathom", "lr": 0.01, "fathom-probe-rounds": 2,
-                   "fathom-probe-points": 3, "fathom-probe-factor": 10.0, "fathom-decay-window": 2,
-                   "fathom-decay-arm": 0.95, "num-server-rounds": 4, "eval-every": 4, "fraction-fit": 0.6},
-        "probed-decay": {"tune": "fathom", "perfedavg-beta": 0.1, "fathom-gamma-lr": 0.2, "fathom-probe-rounds": 2,
-                         "fathom-probe-points": 3, "fathom-decay-window": 2, "num-server-rounds": 7, "eval-every": 7,
-                         "fraction-fit": 0.6},
-        # issue 39's rescue: the overshoot and setback tests behind a gate nearly open from the start
-        "rescued": {"strategy": "fedavg", "tune": "fathom", "lr": 0.1, "fathom-gamma-lr": 0.2, "fathom-decay-window": 2,
-                    "fathom-decay-test": "overshoot", "fathom-setback": 0.5, "fathom-decay-arm": 0.99,
-                    "num-server-rounds": 6, "eval-every": 6, "fraction-fit": 0.6},
-    }  # fmt: skip
-    runs = {name: {**config, "results-dir": str(tmp_path), "run-name": name} for name, config in runs.items()}
-    outcomes = local_simulation.run_many(runs, num_supernodes=10, timeout_s=300)
-    for name, outcome in outcomes.items():
-        assert outcome.ok, (name, outcome.log_tail)
+def test_a_tuned_simulation_broadcasts_and_records_its_trajectory(tmp_path, local_simulation):
+    # Per-FedAvg with FATHOM's rule alone through flwr run: the hyperparameters travel in the fit config
+    config = {"tune": "fathom", "perfedavg-beta": 0.1, "fathom-gamma-lr": 0.2, "num-server-rounds": 4,
+              "eval-every": 4, "results-dir": str(tmp_path), "run-name": "tuned"}  # fmt: skip
+    outcome = local_simulation.run(run_config=config, num_supernodes=10, timeout_s=300)
+    assert outcome.ok, outcome.log_tail
     records = [json.loads(line) for line in (tmp_path / "tuned" / "metrics.jsonl").read_text().splitlines()]
     betas = [r["hp-perfedavg-beta"] for r in records]
     assert betas[0] == 0.1 and len(set(betas)) > 1  # it moved
@@ -238,8 +224,31 @@ def test_tuned_simulations_with_and_without_a_start_probe_record_their_trajector
     assert (tmp_path / "tuned" / "tuning.png").stat().st_size > 0
     summary = json.loads((tmp_path / "tuned" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["settings"]["tune"] == "fathom"
+
+
+# FedAvg and Per-FedAvg each with a 2-round start probe first and the stationarity test after it (FedAvg's started by
+# the loss gate), and issue 39's rescue: the overshoot and setback tests behind a gate nearly open from the start
+TRAJECTORIES = (
+    {"strategy": "fedavg", "tune": "fathom", "lr": 0.01, "fathom-probe-rounds": 2, "fathom-probe-points": 3,
+     "fathom-probe-factor": 10.0, "fathom-decay-window": 2, "fathom-decay-arm": 0.95, "num-server-rounds": 4,
+     "eval-every": 4, "fraction-fit": 0.6},
+    {"tune": "fathom", "perfedavg-beta": 0.1, "fathom-gamma-lr": 0.2, "fathom-probe-rounds": 2,
+     "fathom-probe-points": 3, "fathom-decay-window": 2, "num-server-rounds": 7, "eval-every": 7, "fraction-fit": 0.6},
+    {"strategy": "fedavg", "tune": "fathom", "lr": 0.1, "fathom-gamma-lr": 0.2, "fathom-decay-window": 2,
+     "fathom-decay-test": "overshoot", "fathom-setback": 0.5, "fathom-decay-arm": 0.99, "num-server-rounds": 6,
+     "eval-every": 6, "fraction-fit": 0.6},
+)  # fmt: skip
+
+
+def played(config: dict) -> list[dict]:
+    """The records of a run of ``config`` on 10 nodes, played in process round by round as Flower's server plays it."""
+    run = InProcessRun(run_config=config, num_clients=10)
+    return [run.play_round() for _ in range(int(config["num-server-rounds"]))]
+
+
+def test_a_start_probe_hands_its_choice_to_the_tuner_and_the_gate_and_decays_follow_the_rule():
+    probed, decayed, rescued = (played(config) for config in TRAJECTORIES)
     # the probe: rounds 1-2 try lr 0.001, 0.01 and 0.1 and report their tally; round 3 starts from the choice
-    probed = [json.loads(line) for line in (tmp_path / "probed" / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("probe-round") for r in probed] == [1.0, 2.0, None, None]
     factor = probed[1]["probe-factor"]
     assert factor in (0.1, 1.0, 10.0) and 0 < probed[1]["probe-rho"] < 2
@@ -250,10 +259,8 @@ def test_tuned_simulations_with_and_without_a_start_probe_record_their_trajector
     # the gate: round 3's loss is the first; round 4 opens it if its loss is at most 0.95 of that
     assert [r.get("decay-armed") for r in probed] == [None, None, 0.0,
                                                       float(probed[3]["start-loss"] <= 0.95 * probed[2]["start-loss"])]
-    assert (tmp_path / "probed" / "tuning.png").stat().st_size > 0
     # Per-FedAvg: the probe's choice starts the rule; after it every round's beta is the last one moved by
     # exp(-gamma H), then halved once per decay the stationarity test made (window 2, then 4)
-    decayed = [json.loads(line) for line in (tmp_path / "probed-decay" / "metrics.jsonl").read_text().splitlines()]
     betas = [r["hp-perfedavg-beta"] for r in decayed]
     assert [r.get("probe-round") for r in decayed[:2]] == [1.0, 2.0]
     assert betas[2] == pytest.approx(0.1 * decayed[1]["probe-factor"])
@@ -264,7 +271,6 @@ def test_tuned_simulations_with_and_without_a_start_probe_record_their_trajector
         expected = before["hp-perfedavg-beta"] * math.exp(-0.2 * before["H"]) / 2**halvings
         assert after["hp-perfedavg-beta"] == pytest.approx(expected)
     # the rescue: each round's lr is the last one moved by exp(-gamma H), halved once per decay and per setback
-    rescued = [json.loads(line) for line in (tmp_path / "rescued" / "metrics.jsonl").read_text().splitlines()]
     assert all("lr-setbacks" in r and "lr-decays" in r and "decay-armed" in r for r in rescued)
     previous = [{"lr-decays": 0.0, "lr-setbacks": 0.0}, *rescued]
     for earlier, before, after in zip(previous, rescued, rescued[1:], strict=False):

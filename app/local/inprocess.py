@@ -124,6 +124,21 @@ class InProcessRun:
         results = [(proxy, proxy.evaluate(ins, None, None)) for proxy, ins in instructions]
         return self.strategy.aggregate_evaluate(self.round, results, [])[1] if results else {}
 
+    def play_round(self) -> dict:
+        """One whole round as Flower's server plays it; the round's record, as ``metrics.jsonl`` holds it.
+
+        Fit, the server's test of the global model (``central-eval``), the clients'
+        evaluation when the round is an evaluation round, then the strategy closes the
+        round (``end_round``: the record, the tuner's and the divergence watch's
+        bookkeeping). A run the strategy stops raises
+        :class:`strategies.run_watch.RunDivergedError`.
+        """
+        self.step()
+        self.strategy.evaluate(self.round, self.parameters)
+        self.evaluate()
+        self.strategy.end_round(self.round)
+        return self.strategy.history[-1]
+
     def run(self, rounds: int, after_round: Callable[[int, FederatedStrategy], None]) -> None:
         """``rounds`` rounds, calling ``after_round(round, strategy)`` after each."""
         for _ in range(rounds):
