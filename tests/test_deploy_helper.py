@@ -49,9 +49,12 @@ def test_the_helper_refuses_a_bad_run_config_before_starting_any_process():
 
 @pytest.mark.e2e
 def test_the_helper_runs_with_the_users_results_dir(tmp_path):
-    """The issue's reproduction: a results-dir of the user's through the helper, to finished:completed."""
+    """The issue's reproduction: a results-dir of the user's through the helper, to finished:completed.
+
+    Warm devices (``--warm``): a message forks a process with torch imported instead of starting one.
+    """
     config = f"results-dir='{tmp_path}' run-name='mine' num-server-rounds=1 strategy='fedavg' eval-every=1"
-    out = subprocess.run([sys.executable, "-m", "app.local.deployment", "--nodes", "2",
+    out = subprocess.run([sys.executable, "-m", "app.local.deployment", "--nodes", "2", "--warm",
                           "--workdir", str(tmp_path / "deploy"), "--run-config", config, "--timeout", "600"],
                          cwd=REPO, capture_output=True, text=True, timeout=900)  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -5,7 +5,10 @@ A SuperLink and four SuperNodes on 127.0.0.1: three hold PNG folders of their ow
 runs 2 rounds to ``finished:completed`` without the fourth node, and ``summary.json``
 reports what each node holds, by class name: had a node numbered its folders in
 their sorted order, device 2 would report ``seven`` (its eighth folder is ``zero``).
-About 13 ClientApp processes (4 preflight answers, 6 fits, 3 evaluations).
+The SuperNodes are warm devices: their 13 messages (4 preflight answers, 6 fits, 3
+evaluations) each fork a process that has torch imported, instead of starting a
+``flwr-clientapp`` (about 5 CPU-s each here); ``tests/test_warm_device.py`` shows that a
+warm device gives the cold path's results on the same folders.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def test_supernodes_train_on_their_own_folders_and_a_faulty_one_is_left_out(tmp_
     config = {"strategy": "perfedavg", "dataset": "imagefolder", "classes": CLASSES, "input-shape": INPUT_SHAPE,
               "num-server-rounds": 2, "fraction-fit": 1.0, "eval-every": 2, "min-available-clients": 4,
               "results-dir": str(results), "run-name": "own-data"}  # fmt: skip
-    with LocalDeployment(app_dir=REPO, num_nodes=4, node_data=[*devices, faulty],
+    with LocalDeployment(app_dir=REPO, num_nodes=4, node_data=[*devices, faulty], warm=True,
                          workdir=tmp_path / "deployment") as deployment:  # fmt: skip
         outcome = deployment.run(config, timeout_s=RUN_TIMEOUT_S)
         log = "" if outcome.status == FINISHED_OK else subprocess.run(
