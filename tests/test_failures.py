@@ -53,6 +53,19 @@ def test_a_client_that_cannot_be_built_answers_the_preflight_with_the_reason():
     assert "Traceback" in answer["preflight-detail"]
 
 
+@pytest.mark.parametrize(("run_config", "reason"), [
+    ({"images-per-class": 400}, "the training pool holds 250 images of class 0 but the split needs 1000"),
+    # the second half of 4 clients hold 4 + 8 images; by default such a client trains on them all
+    ({"perfedavg-outer-batch-size": 40, "strict-batches": True}, "perfedavg-outer-batch-size 40 must be in [1, 12]"),
+])  # fmt: skip
+def test_a_client_whose_data_cannot_serve_the_run_answers_the_preflight_with_the_reason(run_config, reason):
+    # through flwr run, such answers end the run as failed before round 1: tests/test_failures_e2e.py
+    context = Context(run_id=1, node_id=7, node_config={"partition-id": 3, "num-partitions": 4}, state=RecordDict(),
+                      run_config=run_config)  # fmt: skip
+    answer = client_fn(context).get_properties(GetPropertiesIns(config={})).properties
+    assert answer["partition-id"] == 3 and answer["preflight-error"].startswith(reason)
+
+
 class AnsweringProxy(FakeProxy):
     """A node whose client reports a problem as data, the way clients/unavailable.py does."""
 

@@ -4,14 +4,15 @@
 `--format json`, polls `flwr ls --run-id` for the status, and the results files are
 read back. The transport methods (``selection.TRANSPORT_METHODS``: fedavg, scaffold and
 fedproto, one per kind of message) run their contract's example; every registered method's
-records are checked in-process by tests/test_methods.py. The private SuperLink is stopped
-at the end, whatever happened.
+records are checked in-process by tests/test_methods.py. A client whose data cannot serve
+the run answers the preflight with the reason (tests/test_failures.py), and such answers
+end a ``flwr run`` as failed before round 1 (tests/test_failures_e2e.py). The private
+SuperLink is stopped at the end, whatever happened.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 from importlib import metadata
 
@@ -29,10 +30,7 @@ pytestmark = pytest.mark.e2e
 ROUNDS, CLIENTS = 2, 4
 AHEAD = 3  # runs submitted ahead on the one SuperLink (LocalSimulation.run_many)
 # the runs each test reads besides the methods' own (``-k fedbn`` makes FedBN's run alone)
-RUNS_READ = {"test_the_results_say_which_code_data_and_versions_made_them": ["fedavg"],
-             "test_a_client_that_cannot_load_its_data_stops_the_run_before_training": ["too-big"],
-             "test_under_strict_batches_larger_than_a_clients_data_stop_the_run_before_training": ["big-batch"],
-             }  # fmt: skip
+RUNS_READ = {"test_the_results_say_which_code_data_and_versions_made_them": ["fedavg"]}
 
 
 def records(run_dir):
@@ -44,17 +42,12 @@ def finished_runs(tmp_path_factory, request):
     results = tmp_path_factory.mktemp("results")
     config = {"num-server-rounds": ROUNDS, "eval-every": 1, "fraction-fit": 0.5, "results-dir": str(results)}
     configs = {name: {**config, **METHODS[name].contract.example, "run-name": name} for name in TRANSPORT_METHODS}
-    # a partition the embedded data cannot hold (250 training images per class)
-    configs["too-big"] = {**config, "images-per-class": 400, "run-name": "too-big"}
-    # Per-FedAvg batches larger than the second-half clients' 12 images
-    configs["big-batch"] = {**config, "perfedavg-outer-batch-size": 40, "strict-batches": True, "run-name": "big-batch"}
-    failing = {"too-big", "big-batch"}
     wanted = selected_runs(request, "name", RUNS_READ)
     configs = {name: config for name, config in configs.items() if name in wanted}
     with LocalSimulation(app_dir=REPO, workdir=REPO) as sim:  # a SuperLink started in the checkout, as by `flwr run .`
         outcomes = sim.run_many(configs, num_supernodes=CLIENTS, ahead=AHEAD, timeout_s=300)
         marker = str(sim.home)
-    runs = {name: (outcome, None if name in failing else results / name) for name, outcome in outcomes.items()}
+    runs = {name: (outcome, results / name) for name, outcome in outcomes.items()}
     yield runs, marker
 
 
@@ -109,22 +102,3 @@ def test_the_results_say_which_code_data_and_versions_made_them(finished_runs):
     data = provenance["data"]
     assert data["clients"] == CLIENTS == len({node["data-fingerprint"] for node in summary["nodes"]})
     assert data["train-examples"] == sum(node["num-train"] for node in summary["nodes"])
-
-
-def test_a_client_that_cannot_load_its_data_stops_the_run_before_training(finished_runs):
-    refused, _ = finished_runs[0]["too-big"]
-    assert refused.status == "finished:failed"
-    assert "stamen preflight" in refused.log
-    assert "the training pool holds 250 images of class 0 but the split needs 1000" in refused.log
-    assert "[round 1/" not in refused.log
-
-
-def test_under_strict_batches_larger_than_a_clients_data_stop_the_run_before_training(finished_runs):
-    # by default such a client trains on all its examples (tests/test_clients_meta.py); strict-batches refuses
-    big_batch, _ = finished_runs[0]["big-batch"]
-    assert big_batch.status == "finished:failed"
-    # one line for the cause, with the partitions it hit: the second half hold 4 + 8 images
-    assert re.search(r"preflight: \d+ of \d+ clients \(partitions [\d, -]+\): perfedavg-outer-batch-size 40 must be "
-                     r"in \[1, 12\]", big_batch.log), big_batch.log_tail
-    assert "[round 1/" not in big_batch.log
-
