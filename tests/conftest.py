@@ -87,9 +87,10 @@ def local_simulation():
 # The longest end-to-end modules, longest first (measured on two workers, 2 cores). pytest-xdist hands out whole
 # modules in collection order; started first, the long ones overlap each other and the unit modules fill the gaps,
 # instead of one long module running alone at the end. A stale list costs minutes, never a result.
-LONGEST_FIRST = ("test_warm_device.py", "test_deployment.py", "test_install.py", "test_failures_e2e.py",
-                 "test_reproducibility.py", "test_simulation.py", "test_deployment_node_data.py",
-                 "test_deploy_helper.py", "test_divergence.py", "test_tuner.py", "test_own_app.py")  # fmt: skip
+LONGEST_FIRST = ("test_warm_device.py", "test_deployment.py", "test_install.py", "test_reproducibility.py",
+                 "test_deployment_node_data.py", "test_simulation.py", "test_own_app.py", "test_failures_e2e.py",
+                 "test_diffusion_simulation.py", "test_deploy_helper.py", "test_two_checkouts.py",
+                 "test_misbehaving_clients.py", "test_ray_cluster.py")  # fmt: skip
 
 
 def module_rank(item: pytest.Item) -> tuple[int, int]:
