@@ -281,7 +281,7 @@ def test_the_example_app_runs_two_methods_from_a_copy_outside_the_clone(tmp_path
                    "dirichlet-alpha": 0.5, "results-dir": str(tmp_path / "results"), "run-name": name}
             for name in ("perfedavg", "fedprox")}  # fmt: skip
     with LocalSimulation(app_dir=copy, workdir=tmp_path) as sim:
-        outcomes = sim.run_many(runs, num_supernodes=4, ahead=1, timeout_s=600)
+        outcomes = sim.run_many(runs, num_supernodes=4, ahead=2, timeout_s=600)  # side by side: waits overlap
     for name, outcome in outcomes.items():
         assert outcome.ok, outcome.log_tail
         assert "[round 1/2]" in outcome.log and "[round 2/2]" in outcome.log, outcome.log_tail
