@@ -12,10 +12,9 @@ module fixture starts at once:
   that has torch imported already, which took this scenario from 428 s to 222 s
   on 2 cores (the latter beside two other jobs); ``tests/test_warm_device.py`` shows
   that a warm device gives the cold path's results.
-- ``lossy``: insecure, 3 warm SuperNodes, fedavg for 3 rounds; one SuperNode (its
-  process group: the SuperNode, its executor and whatever that started) is SIGKILLed
-  once round 1 is recorded. Flower's own executor (a cold ``flwr-clientapp`` per
-  message) runs in ``tests/test_warm_device.py``'s cold deployment.
+- ``lossy``: insecure, cold SuperNodes (Flower's own ``flower-superexec``), 3
+  SuperNodes, fedavg for 3 rounds; one SuperNode is SIGKILLed once round 1 is
+  recorded.
 
 Clients are not asked to evaluate (``fraction-evaluate = 0``, a ClientApp process
 per node saved); the server tests the global model after every round instead
@@ -108,7 +107,7 @@ def lossy_scenario(workdir: Path) -> dict:
     config = {"strategy": "fedavg", "partitioner": "iid", "num-server-rounds": 3, "fraction-fit": 1.0,
               "fraction-evaluate": 0.0, "central-eval": True, "preflight": False, "min-fit-clients": 2,
               "min-available-clients": 3, "results-dir": str(results), "run-name": "lossy"}  # fmt: skip
-    with LocalDeployment(app_dir=REPO, num_nodes=3, warm=True, workdir=workdir / "deployment") as deployment:
+    with LocalDeployment(app_dir=REPO, num_nodes=3, workdir=workdir / "deployment") as deployment:
         run_id = deployment.submit(config)
         metrics = results / "lossy" / "metrics.jsonl"
         deadline = time.monotonic() + RUN_TIMEOUT_S
