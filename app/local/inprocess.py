@@ -33,10 +33,11 @@ from flwr.server.client_proxy import ClientProxy
 
 from app.client_app import build_client
 from app.config import parse_settings
-from app.server_app import build_strategy
+from app.server_app import build_strategy, server_fn
 from clients.base import TorchClient
 from strategies.base import FederatedStrategy
 from strategies.contracts.settings import Settings
+from strategies.server import RoundServer
 
 OK = Status(code=Code.OK, message="")
 
@@ -144,3 +145,19 @@ class InProcessRun:
         for _ in range(rounds):
             self.step()
             after_round(self.round, self.strategy)
+
+
+def served_run(run_config: dict, *, num_clients: int) -> tuple[RoundServer, int]:
+    """The server of stamen's own ServerApp for ``run_config``, and its rounds; its nodes answer in this process.
+
+    The server is the one ``flwr run`` gets (``app.server_app.server_fn``): its results
+    folder, summary, checkpoints and stop rules are those of a Flower run; call
+    ``server.fit(rounds, None)`` to play the run as Flower's ServerApp does.
+    """
+    components = server_fn(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
+                                   run_config=dict(run_config)))  # fmt: skip
+    manager = components.server.client_manager()
+    for partition in range(num_clients):
+        client = build_client(node_context(run_config, partition=partition, num_clients=num_clients))
+        manager.register(InProcessProxy(f"node-{partition}", client))
+    return components.server, components.config.num_rounds
