@@ -3,9 +3,10 @@
 Flower's own client sampling draws from Python's unseeded ``random``; stamen samples
 from (seed, round, the connected partitions), combines replies in partition order and
 seeds every client's batches, so two runs of one config on one machine write the same
-``metrics.jsonl`` apart from the timings, and a run stopped and resumed from its
-checkpoint writes what the uninterrupted one did. ``tests/state_app`` checks that a
-client's ``Context.state`` survives from one round to the next. That a preflight over a
+``metrics.jsonl`` apart from the timings (here a 4-round run and one cut after round 2),
+and a run stopped and resumed from its checkpoint writes what the uninterrupted one did.
+``tests/state_app`` checks that a client's ``Context.state`` survives from one round to
+the next. That a preflight over a
 sample of the nodes gives the run of one over every node is checked for every method in
 process (``tests/test_preflight_sample.py``).
 """
@@ -33,40 +34,45 @@ def lines_without_timings(run_dir) -> list[str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, local_simulation):
+    """``first`` (4 rounds) and ``cut`` (its first 2, then a checkpoint) side by side; ``resumed`` from ``cut``'s
+    checkpoint as soon as it is written, while ``first`` still runs; the state app on a SuperLink of its own.
+
+    ``cut`` is a second run of the seed, in a simulation process and Ray of its own: its 2 rounds, read before the
+    resumed run appends rounds 3 and 4, are the run-twice check (a separate 4-round rerun took a third simulation).
+    """
     results = tmp_path_factory.mktemp("results")
     common = {**CONFIG, "results-dir": str(results)}
-    independent = {name: {**common, "run-name": name} for name in ("first", "second")}
-    independent["cut"] = {**common, "num-server-rounds": 2, "checkpoint-every": 2, "run-name": "cut"}
-    # every run but the resumed one submitted at once (each in its own simulation process, seeded alike), and the
-    # state app beside them on a SuperLink of its own: run one after another, the module took 157 s
     sim = local_simulation
     with LocalSimulation(app_dir=REPO / "tests" / "state_app", pythonpath=[REPO]) as state_sim:
         state = state_sim.submit(run_config={"results-dir": str(results), "run-name": "state"}, num_supernodes=4)
-        done = sim.run_many(independent, num_supernodes=CLIENTS, ahead=len(independent), timeout_s=300)
-        resumed = {**common, "resume-from": str(results / "cut")}
-        done["resumed"] = sim.run(run_config=resumed, num_supernodes=CLIENTS, timeout_s=300)
+        first = sim.submit(run_config={**common, "run-name": "first"}, num_supernodes=CLIENTS)
+        cut_config = {**common, "num-server-rounds": 2, "checkpoint-every": 2, "run-name": "cut"}
+        cut = sim.wait(sim.submit(run_config=cut_config, num_supernodes=CLIENTS), timeout_s=300)
+        cut_records = lines_without_timings(results / "cut") if cut.ok else []
+        resumed = sim.submit(run_config={**common, "resume-from": str(results / "cut")}, num_supernodes=CLIENTS)
+        outcomes = {"first": sim.wait(first, timeout_s=300), "cut": cut, "resumed": sim.wait(resumed, timeout_s=300)}
         kept = state_sim.wait(state, timeout_s=300)
-    outcomes = [done[name] for name in ("first", "second", "cut", "resumed")]
-    return outcomes, kept, results
+    return outcomes, cut_records, kept, results
 
 
-def test_the_same_config_twice_writes_the_same_records(runs):
-    outcomes, _, results = runs
-    for outcome in outcomes:
+def test_two_runs_of_one_config_write_the_same_records(runs):
+    outcomes, cut_records, _, results = runs
+    for outcome in outcomes.values():
         assert outcome.ok, outcome.log_tail
-    first, second = lines_without_timings(results / "first"), lines_without_timings(results / "second")
-    assert len(first) == 4 and first == second
+    first = lines_without_timings(results / "first")
+    assert len(first) == 4 and len(cut_records) == 2
+    assert cut_records == first[:2]  # another simulation process, another Ray, the same seed
     sampled = [json.loads(line)["fit-partitions"] for line in first]
     assert all(len(p) == 3 for p in sampled) and len({tuple(p) for p in sampled}) > 1  # a new draw every round
 
 
 def test_a_resumed_run_samples_and_records_what_the_uninterrupted_one_did(runs):
-    _, _, results = runs
+    _, _, _, results = runs
     assert lines_without_timings(results / "cut") == lines_without_timings(results / "first")
 
 
 def test_client_state_survives_from_round_to_round(runs):
-    _, kept, results = runs
+    _, _, kept, results = runs
     assert kept.ok, kept.log_tail
     records = [json.loads(line) for line in (results / "state" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in records] == [1, 2, 3]
