@@ -84,14 +84,12 @@ def local_simulation():
         yield simulation
 
 
-# The longest end-to-end modules first (measured on two workers, 2 cores). pytest-xdist hands out whole modules in
-# collection order; started first, the long ones overlap each other and the unit modules fill the gaps, instead of
-# one long module running alone at the end. The deployments mostly wait (Flower's 3 s polls, its 60 s heartbeat);
-# the simulations mostly compute: they alternate, so that the other worker computes while one waits (two
-# deployments side by side left a core idle). A stale list costs minutes, never a result.
-LONGEST_FIRST = ("test_warm_device.py", "test_reproducibility.py", "test_simulation.py", "test_deployment.py",
-                 "test_own_app.py", "test_failures_e2e.py", "test_install.py", "test_diffusion_simulation.py",
-                 "test_deployment_node_data.py", "test_two_checkouts.py", "test_deploy_helper.py",
+# The longest end-to-end modules, longest first (measured on two workers, 2 cores). pytest-xdist hands out whole
+# modules in collection order; started first, the long ones overlap each other and the unit modules fill the gaps,
+# instead of one long module running alone at the end. A stale list costs minutes, never a result.
+LONGEST_FIRST = ("test_warm_device.py", "test_deployment.py", "test_install.py", "test_reproducibility.py",
+                 "test_deployment_node_data.py", "test_simulation.py", "test_own_app.py", "test_failures_e2e.py",
+                 "test_diffusion_simulation.py", "test_deploy_helper.py", "test_two_checkouts.py",
                  "test_misbehaving_clients.py", "test_ray_cluster.py")  # fmt: skip
 
 
