@@ -17,7 +17,7 @@ from app.config import ConfigError, app_keys, parse_settings
 from app.registry import METHODS, Method
 from app.server_app import build_server_app
 from clients.app_data import AppDataError
-from clients.models import Model, build_model, card_of, register_model
+from clients.models import Model, SplitModel, build_model, card_of, register_model, split_at
 from datasets import ClientData
 from strategies.contracts.models import ModelCard
 from strategies.contracts.settings import Settings
@@ -33,6 +33,7 @@ __all__ = [
     "ModelCard",
     "RoundServer",
     "Settings",
+    "SplitModel",
     "app_keys",
     "build_client_app",
     "build_model",
@@ -41,6 +42,7 @@ __all__ = [
     "method",
     "parse_settings",
     "register_model",
+    "split_at",
 ]
 
 

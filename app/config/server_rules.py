@@ -70,8 +70,8 @@ def representation_has_a_head(settings: Settings, contract: Contract, layout: Mo
     if contract.representation and not layout.head:
         raise ConfigError(f"run config key 'model': {contract.name} trains on the model's representation "
                           f"features(x), and {settings.training.model!r} is not split into features and a head; "
-                          "derive it from clients.models.SplitModel (stamen.clients.models.SplitModel installed: "
-                          "docs/adding-a-model.md)")  # fmt: skip
+                          "name its head: split_at(network, head='<its last layer>') (stamen.split_at, "
+                          "docs/own-app.md), or derive it from stamen.SplitModel (docs/adding-a-model.md)")  # fmt: skip
 
 
 def personal_arrays_exist(settings: Settings, contract: Contract, layout: ModelLayout) -> None:

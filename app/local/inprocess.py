@@ -31,9 +31,10 @@ from flwr.common import (
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from app.client_app import build_client
+from app.client_app import AppData, build_client
 from app.config import parse_settings
-from app.server_app import build_strategy, server_fn
+from app.own_parts import OwnParts
+from app.server_app import build_strategy, server_fn, server_function
 from clients.base import TorchClient
 from strategies.base import FederatedStrategy
 from strategies.contracts.settings import Settings
@@ -147,17 +148,21 @@ class InProcessRun:
             after_round(self.round, self.strategy)
 
 
-def served_run(run_config: dict, *, num_clients: int) -> tuple[RoundServer, int]:
-    """The server of stamen's own ServerApp for ``run_config``, and its rounds; its nodes answer in this process.
+def served_run(run_config: dict, *, num_clients: int, parts: OwnParts | None = None,
+               app_data: AppData | None = None) -> tuple[RoundServer, int]:  # fmt: skip
+    """The server a ServerApp builds for ``run_config``, and its rounds; its nodes answer in this process.
 
-    The server is the one ``flwr run`` gets (``app.server_app.server_fn``): its results
-    folder, summary, checkpoints and stop rules are those of a Flower run; call
+    By default stamen's own app (``app.server_app.server_fn``); ``parts`` and ``app_data``
+    are an app's own, as its entry points hold them (:func:`app.server_app.build_server_app`,
+    :func:`app.client_app.build_client_app`). The server is the one ``flwr run`` gets: its
+    results folder, summary, checkpoints and stop rules are those of a Flower run; call
     ``server.fit(rounds, None)`` to play the run as Flower's ServerApp does.
     """
-    components = server_fn(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
-                                   run_config=dict(run_config)))  # fmt: skip
+    build_server = server_fn if parts is None else server_function(parts)
+    components = build_server(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
+                                      run_config=dict(run_config)))  # fmt: skip
     manager = components.server.client_manager()
     for partition in range(num_clients):
-        client = build_client(node_context(run_config, partition=partition, num_clients=num_clients))
-        manager.register(InProcessProxy(f"node-{partition}", client))
+        context = node_context(run_config, partition=partition, num_clients=num_clients)
+        manager.register(InProcessProxy(f"node-{partition}", build_client(context, parts, app_data)))
     return components.server, components.config.num_rounds
