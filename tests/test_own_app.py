@@ -269,7 +269,8 @@ def test_every_method_runs_from_the_registry_it_is_documented_by():
 
 
 @pytest.mark.e2e
-def test_the_example_app_runs_two_methods_from_a_copy_outside_the_clone(tmp_path):
+def test_the_example_app_runs_moon_and_fedproto_on_its_plain_network_from_a_copy_outside_the_clone(tmp_path):
+    # its Net is Flower's quickstart CNN, an nn.Module with its own forward; the apps name its head with split_at
     data_dir = shared_dataset("cifar10-jpeg")
     assert importlib.util.find_spec("flwr_datasets"), "flwr-datasets is in the test extras: pip install '.[test]'"
     installed = importlib.util.find_spec("stamen")
@@ -279,7 +280,7 @@ def test_the_example_app_runs_two_methods_from_a_copy_outside_the_clone(tmp_path
     shutil.copytree(EXAMPLE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     runs = {name: {"strategy": name, "num-server-rounds": 2, "data-dir": str(data_dir), "max-per-class": 40,
                    "dirichlet-alpha": 0.5, "results-dir": str(tmp_path / "results"), "run-name": name}
-            for name in ("perfedavg", "fedprox")}  # fmt: skip
+            for name in ("moon", "fedproto")}  # fmt: skip
     with LocalSimulation(app_dir=copy, workdir=tmp_path) as sim:
         outcomes = sim.run_many(runs, num_supernodes=4, ahead=2, timeout_s=600)  # side by side: waits overlap
     for name, outcome in outcomes.items():
@@ -293,7 +294,6 @@ def test_the_example_app_runs_two_methods_from_a_copy_outside_the_clone(tmp_path
         assert 0 <= final["accuracy"] <= 1 and final["eval-clients"] == 4  # the personalised evaluation ran
         data = summary["provenance"]["data"]
         assert data["train-examples"] + data["test-examples"] == 10 * 40  # the app's own key reached its data
-    assert "perfedavg-variant 'hf' on model 'Net' (ReLU)" in outcomes["perfedavg"].log  # advice from the network
 
 
 @pytest.mark.parametrize("strategy", ["moon", "fedproto"])
