@@ -10,7 +10,7 @@ part                        what it does
 ``global_model``            the global model, the arrays that travel, the update-norm screen
 ``reply_screen``            the screen every fit reply passes; failures recorded
 ``run_watch``               a record per round, the divergence watch, the summary
-``run_checkpoints``         checkpoints and resuming
+``run_checkpoints``         checkpoints and resuming (a member: ``self.checkpoints``)
 ==========================  =======================================================================
 
 and their pure helpers: seeded sampling (``sampling``), the node map and preflight
@@ -59,6 +59,7 @@ from flwr.common.logger import log
 from flwr.server.strategy import Strategy
 
 from strategies.aggregation import aggregate
+from strategies.checkpoint import Checkpoint
 from strategies.contracts.client_reports import EVALUATE_METRICS, FIT_METRICS
 from strategies.contracts.contract import Contract
 from strategies.contracts.fedavg import CONTRACT as FEDAVG
@@ -77,7 +78,7 @@ from strategies.tuner import PHI_METRIC, FathomTuner
 
 __all__ = ["PREFLIGHT_LOG", "FederatedStrategy", "RunDivergedError", "describe_failure"]
 
-class FederatedStrategy(FlowerApi, GlobalModelPart, ReplyScreen, RunWatch, RunCheckpoints, Strategy):
+class FederatedStrategy(FlowerApi, GlobalModelPart, ReplyScreen, RunWatch, Strategy):
     """FedAvg, hardened against bad clients, seeded, with personalised evaluation and per-round records.
 
     Every training reply is screened (array count and shapes, finite values, positive
@@ -154,6 +155,8 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, ReplyScreen, RunWatch, RunCh
         self.sent_model = self.global_model  # the model sent in the current round
         self.last_good = (0, self.global_model)  # (the round it is the model after, its arrays), known good
         self.nonfinite_rounds = 0  # consecutive rounds with only non-finite replies or losses
+        self.checkpoints = RunCheckpoints(name=self.name, num_rounds=self.num_rounds, nodes=self.nodes,
+                                          kept_on_clients=self.contract.client_state(self.method))  # fmt: skip
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rounds={self.num_rounds})"
@@ -263,6 +266,22 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, ReplyScreen, RunWatch, RunCh
 
     def finish(self) -> None:
         """What the run writes at its end, besides the summary (through ``self.recorder``)."""
+
+    # ------------------------------------------------------------- checkpoints
+
+    def checkpoint(self, server_round: int) -> Checkpoint:
+        """The run after ``server_round``: global model, round records, node map, the method's :meth:`state`."""
+        return self.checkpoints.checkpoint(server_round, model=self.global_model, history=self.history,
+                                           elapsed_seconds=time.perf_counter() - self.started, own=self.state(),
+                                           tuner=self.tuner)  # fmt: skip
+
+    def resume(self, checkpoint: Checkpoint) -> Parameters:
+        """Continue from ``checkpoint`` (after the preflight); the global model. A misfit raises ``CheckpointError``."""
+        resumed = self.checkpoints.resume(checkpoint, model=self.global_model, tuner=self.tuner, restore=self.restore)
+        self.history = resumed.history
+        self.started = time.perf_counter() - resumed.elapsed_seconds
+        self._use_model(resumed.model)
+        return self.global_parameters
 
     # ------------------------------------------------------------- helpers
 

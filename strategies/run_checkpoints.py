@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import copy
 import math
-import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.common import Parameters
 from flwr.common.logger import log
 
 from strategies.checkpoint import (
@@ -20,6 +20,8 @@ from strategies.checkpoint import (
     state_problem,
 )
 from strategies.contracts.client_reports import PARTITION_ID
+from strategies.nodes import NodeDirectory
+from strategies.tuner import FathomTuner
 
 # What a method's or the tuner's restore raises on a state of the wrong shape (a missing key, a string
 # where a number goes, an array too short); a checkpoint is input, so each is reported as a CheckpointError.
@@ -30,23 +32,60 @@ TUNER_VALUES, TUNER_COUNTS = ("lr", "epochs", "batch-size"), ("round", "decays")
 TUNER_REQUIRED = ("lr", "epochs", "batch-size", "round")  # ``decays`` came later: older checkpoints lack it
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """What a run takes back from its checkpoint: its records, its clock and its global model."""
+
+    history: list[dict]
+    elapsed_seconds: float
+    model: list[np.ndarray]
+
+
 class RunCheckpoints:
-    """A part of :class:`strategies.base.FederatedStrategy` (see the module's docstring)."""
+    """Writes a run's checkpoints and resumes a run from one; every strategy holds one (``strategy.checkpoints``).
 
-    def checkpoint(self, server_round: int) -> Checkpoint:
-        """The run after ``server_round``: global model, round records, node map and the method's :meth:`state`."""
-        own_arrays, own_state = self.state()
-        state = {"strategy": self.name, "history": self.history, "elapsed-seconds": time.perf_counter() - self.started,
+    Everything it reads comes in as an argument: the run's constants here, what changes
+    over the run (the model, the records, the tuner, the method's state) with each call.
+
+    Parameters
+    ----------
+    name
+        The method's name: a checkpoint written by another method is refused.
+    num_rounds
+        The run's rounds (for the log line on resuming).
+    kept_on_clients
+        What the method's clients keep in ``Context.state``, in words (``""``: nothing);
+        a resumed run warns that a new Flower run starts it empty.
+    nodes
+        The run's node directory: a checkpoint holds its node map, and resuming merges it back.
+
+    """
+
+    def __init__(self, *, name: str, num_rounds: int, kept_on_clients: str, nodes: NodeDirectory) -> None:
+        self.name, self.num_rounds, self.kept_on_clients, self.nodes = name, num_rounds, kept_on_clients, nodes
+
+    def checkpoint(self, server_round: int, *, model: list[np.ndarray], history: list[dict], elapsed_seconds: float,
+                   own: tuple[dict[str, np.ndarray], dict], tuner: FathomTuner | None) -> Checkpoint:  # fmt: skip
+        """The run after ``server_round``: its global ``model``, round records, node map, the method's ``own`` state.
+
+        ``own`` is what the method's ``state`` hook returns (named arrays, JSON scalars); a
+        tuned run's ``tuner`` adds its own. The state is copied: the run goes on changing it.
+        """
+        own_arrays, own_state = own
+        state = {"strategy": self.name, "history": history, "elapsed-seconds": elapsed_seconds,
                  "node-properties": self.nodes.properties, "own": own_state}  # fmt: skip
-        if self.tuner is not None:
-            tuner_arrays, state["tuner"] = self.tuner.checkpoint_state()
+        if tuner is not None:
+            tuner_arrays, state["tuner"] = tuner.checkpoint_state()
             own_arrays = {**own_arrays, **tuner_arrays}
-        # a copy: the run goes on changing its history and state after this call
-        return Checkpoint(round=server_round, arrays={**model_arrays(self.global_model), **own_arrays},
-                          state=copy.deepcopy(state))  # fmt: skip
+        return Checkpoint(round=server_round, arrays={**model_arrays(model), **own_arrays}, state=copy.deepcopy(state))
 
-    def resume(self, checkpoint: Checkpoint) -> Parameters:
-        """Continue from ``checkpoint`` (after the preflight); returns the global model to start from.
+    def resume(self, checkpoint: Checkpoint, *, model: list[np.ndarray], tuner: FathomTuner | None,
+               restore: Callable[[dict[str, np.ndarray], dict], None]) -> Resumed:  # fmt: skip
+        """Continue from ``checkpoint`` (after the preflight): the records, clock and model to go on with.
+
+        ``model`` is the run's initial model (the checkpoint's must have its shapes and
+        dtypes); ``restore`` is the method's hook that takes back its own state, and a tuned
+        run's ``tuner`` takes back its own. The node map is merged into the directory.
 
         Raises
         ------
@@ -59,34 +98,30 @@ class RunCheckpoints:
             raise CheckpointError(f"checkpoint was written by strategy {checkpoint.state.get('strategy')!r}, "
                                   f"this run is {self.name!r}")  # fmt: skip
         stored = arrays_of_model(checkpoint)
-        check_model(self.global_model, stored)
-        if problem := resumable_state_problem(checkpoint.state, tuned=self.tuner is not None):
+        check_model(model, stored)
+        if problem := resumable_state_problem(checkpoint.state, tuned=tuner is not None):
             raise CheckpointError(f"checkpoint {problem}")
+        state = checkpoint.state
         try:
-            self._restore_state(checkpoint)
+            # JSON has no NaN: the checkpoint stores it as null
+            history = [{k: np.nan if v is None else v for k, v in r.items()} for r in state["history"]]
+            elapsed = float(state.get("elapsed-seconds", 0.0))
+            # a node still connected keeps its partition; the preflight's fresh answers win where they differ
+            self.nodes.properties = {**state.get("node-properties", {}), **self.nodes.properties}
+            restore(checkpoint.arrays, state.get("own", {}))
+            if tuner is not None:
+                tuner.restore(checkpoint.arrays, state["tuner"])
         except CheckpointError:
             raise
         except STATE_MISFITS as err:
             raise CheckpointError(f"checkpoint state does not fit a {self.name} run: {type(err).__name__}: "
                                   f"{' '.join(str(err).split())}") from err  # fmt: skip
-        self._use_model(stored)
         log(INFO, "resumed after round %d of %d", checkpoint.round, self.num_rounds)
-        if kept := self.contract.client_state(self.method):  # Context.state belongs to one Flower run
+        if self.kept_on_clients:  # Context.state belongs to one Flower run
             log(WARNING, "resumed %s: its clients keep %s in Context.state, which a new run starts empty; the rounds "
-                "after %d differ from an uninterrupted run's", self.name, kept, checkpoint.round)  # fmt: skip
-        return self.global_parameters
-
-    def _restore_state(self, checkpoint: Checkpoint) -> None:
-        """The records, the clock, the node map, the method's and the tuner's state, from ``checkpoint``."""
-        state = checkpoint.state
-        # JSON has no NaN: the checkpoint stores it as null
-        self.history = [{k: np.nan if v is None else v for k, v in r.items()} for r in state["history"]]
-        self.started = time.perf_counter() - float(state.get("elapsed-seconds", 0.0))
-        # a node still connected keeps its partition; the preflight's fresh answers win where they differ
-        self.nodes.properties = {**state.get("node-properties", {}), **self.nodes.properties}
-        self.restore(checkpoint.arrays, state.get("own", {}))
-        if self.tuner is not None:
-            self.tuner.restore(checkpoint.arrays, state["tuner"])
+                "after %d differ from an uninterrupted run's", self.name, self.kept_on_clients,
+                checkpoint.round)  # fmt: skip
+        return Resumed(history=history, elapsed_seconds=elapsed, model=stored)
 
 
 def resumable_state_problem(state: dict, *, tuned: bool) -> str | None:
