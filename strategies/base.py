@@ -1,18 +1,12 @@
 """The base of every stamen strategy: a round of FedAvg with personalised evaluation, composed of parts.
 
 :class:`FederatedStrategy` holds the run's settings and the method's hooks; the rest is
-in parts beside it, each a file of its own:
-
-==========================  =======================================================================
-part                        what it does
-==========================  =======================================================================
-``flower_api.FlowerApi``    Flower's ``Strategy`` API: the preflight, fit and evaluate messages, aggregation
-``global_model``            the global model, the arrays that travel, the update-norm screen
-``reply_screen``            the screen every fit reply passes; failures recorded
-``run_watch``               a record per round, the divergence watch, the summary
-``run_checkpoints``         checkpoints and resuming (a member: ``self.checkpoints``)
-==========================  =======================================================================
-
+in parts, each a file of its own. Mixins share its ``self`` (``flower_api.FlowerApi``:
+Flower's ``Strategy`` API, the messages and aggregation; ``global_model``: the arrays
+that travel; ``run_watch``: the record per round, the divergence watch, the summary);
+members take their inputs as arguments (``reply_screen``: the screen every fit reply
+passes, failures reported; ``update_screen``: outsized updates; ``run_checkpoints``:
+checkpoints and resuming; ``tests/test_part_members.py``),
 and their pure helpers: seeded sampling (``sampling``), the node map and preflight
 (``nodes``), reply checks (``screening``), averaging (``aggregation``), records and
 progress lines (``records``), checkpoint files (``checkpoint``). A method subclasses
@@ -75,10 +69,11 @@ from strategies.run_watch import RunDivergedError, RunWatch
 from strategies.sampling import sample_partitions, sample_size
 from strategies.screening import Reply
 from strategies.tuner import PHI_METRIC, FathomTuner
+from strategies.update_screen import UpdateNormScreen
 
 __all__ = ["PREFLIGHT_LOG", "FederatedStrategy", "RunDivergedError", "describe_failure"]
 
-class FederatedStrategy(FlowerApi, GlobalModelPart, ReplyScreen, RunWatch, Strategy):
+class FederatedStrategy(FlowerApi, GlobalModelPart, RunWatch, Strategy):
     """FedAvg, hardened against bad clients, seeded, with personalised evaluation and per-round records.
 
     Every training reply is screened (array count and shapes, finite values, positive
@@ -155,12 +150,16 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, ReplyScreen, RunWatch, Strat
         self.sent_model = self.global_model  # the model sent in the current round
         self.last_good = (0, self.global_model)  # (the round it is the model after, its arrays), known good
         self.nonfinite_rounds = 0  # consecutive rounds with only non-finite replies or losses
+        update_screen = UpdateNormScreen(ratio=settings.run.max_update_ratio, returns=self.contract.returns,
+                                         nodes=self.nodes)  # fmt: skip
+        self.reply_screen = ReplyScreen(name=self.name, returns=self.contract.returns, nodes=self.nodes,
+                                        fit_specs=self.fit_specs, sent_shapes=self.sent_shapes,
+                                        sent_dtypes=self.sent_dtypes, update_screen=update_screen)  # fmt: skip
         self.checkpoints = RunCheckpoints(name=self.name, num_rounds=self.num_rounds, nodes=self.nodes,
                                           kept_on_clients=self.contract.client_state(self.method))  # fmt: skip
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rounds={self.num_rounds})"
-
 
     @property
     def name(self) -> str:
@@ -267,7 +266,13 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, ReplyScreen, RunWatch, Strat
     def finish(self) -> None:
         """What the run writes at its end, besides the summary (through ``self.recorder``)."""
 
-    # ------------------------------------------------------------- checkpoints
+    # ------------------------------------------------------------- the members, handed the hooks' answers; helpers
+
+    def screen_fit(self, server_round: int, results: list) -> tuple[list[Reply], int, dict]:
+        """The round's fit replies through :attr:`reply_screen`, against the shapes and dtypes the hooks give."""
+        returned = {n: (self.payload_shapes(n), self.payload_dtypes(n)) for n in self.contract.returned_sets()}
+        return self.reply_screen.screen_fit(server_round, results, returned=returned,
+                                            sent_to=self.sent_to if self.model_travels else None)  # fmt: skip
 
     def checkpoint(self, server_round: int) -> Checkpoint:
         """The run after ``server_round``: global model, round records, node map, the method's :meth:`state`."""
@@ -282,8 +287,6 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, ReplyScreen, RunWatch, Strat
         self.started = time.perf_counter() - resumed.elapsed_seconds
         self._use_model(resumed.model)
         return self.global_parameters
-
-    # ------------------------------------------------------------- helpers
 
     def class_names(self) -> tuple[str, ...]:
         """The run's class names where it names them (a user's own data), else none (classes go by index)."""

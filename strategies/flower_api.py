@@ -172,7 +172,8 @@ class FlowerApi:
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         self._encoded.clear()  # this round's messages are built and sent
         self.record["fit-bytes-received"] = sum(_size(res.parameters) for _, res in results)
-        replies, rejected = self.screen_fit(server_round, results)
+        replies, rejected, screened = self.screen_fit(server_round, results)
+        self.record.update(screened)
         metrics = fit_summary(replies, self.fit_specs.values())
         previous = self.global_shared
         # a tuner's probe round: its clients tried several step sizes, and the model takes the start value's replies
@@ -192,7 +193,7 @@ class FlowerApi:
             log(WARNING, "round %s: no usable fit reply; the global model is unchanged", server_round)
         self.record.update({"clients-succeeded": len(replies), "clients-failed": len(failures) + rejected,
                             "clients-rejected": rejected, **metrics})  # fmt: skip
-        self._record_failures("fit", server_round, failures)
+        self.record.update(self.reply_screen.failures("fit", server_round, failures))
         return (self.global_parameters if arrays is not None else None), metrics
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
@@ -240,7 +241,7 @@ class FlowerApi:
         metrics["eval-clients-nonfinite"] = non_finite
         self.record.update(metrics)
         self.record["evaluate-seconds"] = time.perf_counter() - self.evaluate_started
-        self._record_failures("evaluate", server_round, failures)
+        self.record.update(self.reply_screen.failures("evaluate", server_round, failures))
         return (metrics["loss"] if accepted else None), metrics
 
 

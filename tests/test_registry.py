@@ -10,7 +10,7 @@ from strategies.base import FederatedStrategy
 
 # what Flower calls, and the base's own screening and message building around it
 STRATEGY_METHODS = ("initialize_parameters", "configure_fit", "aggregate_fit", "configure_evaluate",
-                    "aggregate_evaluate", "evaluate", "screen_fit", "screen_update_norms", "sent_to",
+                    "aggregate_evaluate", "evaluate", "screen_fit", "sent_to",
                     "end_round")  # fmt: skip
 CLIENT_METHODS = ("fit", "evaluate", "get_parameters", "set_parameters", "get_properties", "receive",
                   "evaluation_reply")  # fmt: skip
