@@ -5,8 +5,8 @@ in parts, each a file of its own. Mixins share its ``self`` (``flower_api.Flower
 Flower's ``Strategy`` API, the messages and aggregation; ``global_model``: the arrays
 that travel; ``run_watch``: the record per round, the divergence watch, the summary);
 members take their inputs as arguments (``reply_screen``: the screen every fit reply
-passes, failures reported; ``update_screen``: outsized updates; ``run_checkpoints``:
-checkpoints and resuming; ``tests/test_part_members.py``),
+passes, failures reported; ``update_screen``: outsized updates; ``divergence``: the
+non-finite rounds; ``run_checkpoints``: checkpoints and resuming; ``tests/test_part_members.py``),
 and their pure helpers: seeded sampling (``sampling``), the node map and preflight
 (``nodes``), reply checks (``screening``), averaging (``aggregation``), records and
 progress lines (``records``), checkpoint files (``checkpoint``). A method subclasses
@@ -59,6 +59,7 @@ from strategies.contracts.contract import Contract
 from strategies.contracts.fedavg import CONTRACT as FEDAVG
 from strategies.contracts.models import ModelLayout
 from strategies.contracts.settings import Settings
+from strategies.divergence import DivergenceWatch
 from strategies.flower_api import PREFLIGHT_LOG, FlowerApi
 from strategies.global_model import GlobalModelPart
 from strategies.nodes import NodeDirectory
@@ -148,8 +149,7 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, RunWatch, Strategy):
         self.timing: dict[str, float] = {"server-started-unix": time.time()}
         self.evaluate_started = self.started
         self.sent_model = self.global_model  # the model sent in the current round
-        self.last_good = (0, self.global_model)  # (the round it is the model after, its arrays), known good
-        self.nonfinite_rounds = 0  # consecutive rounds with only non-finite replies or losses
+        self.divergence = DivergenceWatch(patience=settings.run.stop_after_nonfinite, initial_model=self.global_model)
         update_screen = UpdateNormScreen(ratio=settings.run.max_update_ratio, returns=self.contract.returns,
                                          nodes=self.nodes)  # fmt: skip
         self.reply_screen = ReplyScreen(name=self.name, returns=self.contract.returns, nodes=self.nodes,

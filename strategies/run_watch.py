@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from logging import ERROR, INFO
 
-import numpy as np
 from flwr.common.logger import log
 
 from strategies.records import progress_line, run_summary, summary_line
@@ -44,13 +43,10 @@ class RunWatch:
             log(INFO, "final: %s", summary_line(summary))
 
     def watch_divergence(self, server_round: int, record: dict) -> None:
-        """Count consecutive non-finite rounds; after ``stop-after-nonfinite`` of them, stop the run.
+        """Hand the round to the divergence watch; when it says stop, stop the run with the last good model.
 
-        A round is non-finite when no fit reply was accepted and some were rejected for
-        non-finite values, or when it evaluated and no loss was finite (the clients' or
-        the server's). Otherwise the model it sent is known good. Stopping puts back the
-        last good model, writes it as the checkpoint, and ends the run with
-        ``status: stopped`` and the reason, naming the step sizes in force.
+        Stopping puts back the last good model, writes it as the checkpoint, and ends the
+        run with ``status: stopped`` and the reason, naming the step sizes in force.
 
         Raises
         ------
@@ -58,31 +54,18 @@ class RunWatch:
             When the run stops.
 
         """
-        fit_bad = record.get("clients-succeeded", 0) == 0 and record.get("clients-nonfinite", 0) > 0
-        evaluated = record.get("eval-clients", 0) + record.get("eval-clients-nonfinite", 0) > 0
-        eval_bad = evaluated and record.get("eval-clients", 0) == 0
-        central = record.get("central-loss")
-        central_bad = isinstance(central, float) and not np.isfinite(central)
-        if not (fit_bad or eval_bad or central_bad):
-            self.nonfinite_rounds = 0
-            self.last_good = (server_round - 1, self.sent_model)
+        verdict = self.divergence.observe(server_round, record, self.sent_model)
+        if verdict is None:
             return
-        self.nonfinite_rounds += 1
-        patience = self.settings.run.stop_after_nonfinite
-        if not patience or self.nonfinite_rounds < patience:
-            return
-        first = server_round - self.nonfinite_rounds + 1
-        what = "every fit reply was non-finite" if fit_bad else "no evaluation loss was finite"
         steps = {k: self.in_force(k, v) for k, v in self.step_values().items()}
         shown = ", ".join(f"{k} = {v:g}" for k, v in steps.items()) or "the method's step sizes"
-        good_round, good_model = self.last_good
-        reason = (f"diverged: in rounds {first}-{server_round} {what}; the step sizes in force were {shown}; "
-                  f"{self.divergence_hint()}; kept the model after round {good_round}, the last whose replies were "
-                  "finite")  # fmt: skip
-        self._use_model(good_model)
-        self.recorder.save_checkpoint(self.checkpoint(good_round))
+        reason = (f"diverged: in rounds {verdict.first_round}-{verdict.last_round} {verdict.what}; the step sizes in "
+                  f"force were {shown}; {self.divergence_hint()}; kept the model after round {verdict.good_round}, "
+                  "the last whose replies were finite")  # fmt: skip
+        self._use_model(verdict.good_model)
+        self.recorder.save_checkpoint(self.checkpoint(verdict.good_round))
         self.finish()
-        self.recorder.finish(self.summary("stopped", reason=reason, **{"last-good-round": good_round}))
+        self.recorder.finish(self.summary("stopped", reason=reason, **{"last-good-round": verdict.good_round}))
         log(ERROR, "stamen: %s", reason)
         raise RunDivergedError(reason)
 

@@ -12,6 +12,7 @@ from helpers import arrays, fit_res, stand_in_fedavg
 
 from app.local.inprocess import served_run
 from strategies.base import RunDivergedError
+from strategies.divergence import DivergenceWatch, round_is_nonfinite
 from strategies.perfedavg import PerFedAvg
 from strategies.screening import outsized, update_norm
 
@@ -28,7 +29,7 @@ def test_three_rounds_of_non_finite_replies_stop_the_run_with_the_last_good_mode
     play_round(strategy, manager, proxies, 2, 2.0)  # its model (all 2.0) is what rounds 3-5 are sent
     play_round(strategy, manager, proxies, 3, np.nan)
     play_round(strategy, manager, proxies, 4, np.inf)
-    assert strategy.nonfinite_rounds == 2 and recorder.summary is None
+    assert strategy.divergence.nonfinite_rounds == 2 and recorder.summary is None
     reason = (r"rounds 3-5 every fit reply was non-finite; the step sizes in force were lr = 0.1; most likely the "
               r"cause: lower them; kept the model after round 1")
     with pytest.raises(RunDivergedError, match=reason):
@@ -48,7 +49,7 @@ def test_a_finite_round_resets_the_count_and_zero_never_stops():
     never, manager, proxies, recorder = stand_in_fedavg(num_rounds=5, eval_every=100, clients=2, stop_after_nonfinite=0)
     for server_round in range(1, 6):
         play_round(never, manager, proxies, server_round, np.nan)
-    assert recorder.summary["status"] == "completed" and never.nonfinite_rounds == 5
+    assert recorder.summary["status"] == "completed" and never.divergence.nonfinite_rounds == 5
 
 
 def test_a_diverging_run_of_the_server_app_stops_early_with_its_reason_in_the_summary(tmp_path):
@@ -96,3 +97,23 @@ def test_hf_on_a_relu_model_is_named_as_the_likely_cause():
     smooth = settings(strategy="perfedavg", model="mlp")
     assert PerFedAvg(settings=smooth, initial_parameters=ndarrays_to_parameters(arrays(0.0))).divergence_hint() == (
         "most likely the cause: lower them")
+
+
+def test_the_watch_stops_after_patience_bad_rounds_in_a_row_with_the_model_sent_in_the_last_good_one():
+    models = {r: [np.full(2, float(r), np.float32)] for r in range(1, 8)}  # the model sent in round r
+    good = {"clients-succeeded": 2, "eval-clients": 2}
+    fit_bad = {"clients-succeeded": 0, "clients-nonfinite": 2}
+    eval_bad = {"clients-succeeded": 2, "eval-clients": 0, "eval-clients-nonfinite": 2}
+    central_bad = {"clients-succeeded": 2, "central-loss": float("nan")}
+    rounds = [good, fit_bad, eval_bad, good, fit_bad, eval_bad, central_bad]
+    watch = DivergenceWatch(patience=3, initial_model=[np.zeros(2, np.float32)])
+    verdicts = [watch.observe(r, record, models[r]) for r, record in enumerate(rounds, start=1)]
+    assert verdicts[:6] == [None] * 6 and watch.nonfinite_rounds == 3
+    stop = verdicts[6]
+    assert (stop.first_round, stop.last_round, stop.good_round) == (5, 7, 3)
+    assert stop.good_model is models[4]  # round 4 came back finite: the model it was sent is the last good one
+    assert stop.what == "no evaluation loss was finite"
+    assert round_is_nonfinite(fit_bad) == (True, "every fit reply was non-finite")
+    assert round_is_nonfinite({"clients-succeeded": 0, "clients-failed": 2})[0] is False  # failures are not divergence
+    never = DivergenceWatch(patience=0, initial_model=[np.zeros(2, np.float32)])
+    assert all(never.observe(r, fit_bad, models[1]) is None for r in range(1, 6)) and never.nonfinite_rounds == 5

@@ -23,12 +23,13 @@ MIXIN_READS = {
         "recorder", "reply_screen", "sample_evaluate", "sample_fit", "screen_fit", "settings", "shared", "start",
         "started", "timing", "tuner"},
     ("global_model.py", "GlobalModelPart"): {"contract", "method", "parameters_for", "shared"},
-    ("run_watch.py", "RunWatch"): {"_use_model", "checkpoint", "class_names", "contract", "failure_groups", "finish",
-                                   "history", "in_force", "name", "nodes", "num_rounds", "recorder", "sent_model",
-                                   "settings", "started", "timing"},
+    # its divergence state is a member now (strategy.divergence), read here instead of two counters of its own
+    ("run_watch.py", "RunWatch"): {"_use_model", "checkpoint", "class_names", "contract", "divergence",
+                                   "failure_groups", "finish", "history", "in_force", "name", "nodes", "num_rounds",
+                                   "recorder", "sent_model", "settings", "started", "timing"},
 }  # fmt: skip
 MEMBERS = [("run_checkpoints.py", "RunCheckpoints"), ("reply_screen.py", "ReplyScreen"),
-           ("update_screen.py", "UpdateNormScreen")]
+           ("update_screen.py", "UpdateNormScreen"), ("divergence.py", "DivergenceWatch")]
 
 
 def reads_not_defined(file: str, name: str, source: str | None = None) -> set[str]:
