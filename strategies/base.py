@@ -16,6 +16,7 @@ progress lines (``records``), checkpoint files (``checkpoint``). A method subcla
 hook                    what it decides                                         default
 ======================  =====================================================  ============================
 ``hyperparameters``     the values in force, sent in every fit config           the contract's keys
+``tuning``              the tuner's settings, when the values in force move     ``tune``'s (``fathom-*``) or none
 ``evaluate_config``     what every evaluate config holds                        ``adapt-*``, ``adapt-lr`` = lr
 ``sample_fit``          which partitions train this round                       seeded, ``fraction-fit``
 ``sample_evaluate``     which partitions evaluate                               seeded, ``fraction-evaluate``
@@ -58,7 +59,7 @@ from strategies.contracts.client_reports import EVALUATE_METRICS, FIT_METRICS
 from strategies.contracts.contract import Contract
 from strategies.contracts.fedavg import CONTRACT as FEDAVG
 from strategies.contracts.models import ModelLayout
-from strategies.contracts.settings import Settings
+from strategies.contracts.settings import MethodSettings, Settings
 from strategies.divergence import DivergenceWatch
 from strategies.flower_api import PREFLIGHT_LOG, FlowerApi
 from strategies.global_model import GlobalModelPart
@@ -137,9 +138,10 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, RunWatch, Strategy):
         self._encoded: dict[int, tuple[list[np.ndarray], list[bytes]]] = {}  # while one round's messages are built
         self.fit_specs = {m.name: m for m in (*FIT_METRICS, *self.contract.metrics)}
         self.tuner: FathomTuner | None = None
-        if settings.tuner is not None:  # tune = "fathom": the values in force move every round
+        if (tuning := self.tuning()) is not None:  # the values in force move every round
             values = settings.as_run_config()
-            self.tuner = FathomTuner(settings=settings.tuner, keys=self.contract.tunable.keys(values), start=values)
+            self.tuner = FathomTuner(settings=tuning, keys=self.contract.tunable.keys(values), start=values)
+        if settings.tuner is not None:  # tune = "fathom" over another method: its clients report phi too
             self.fit_specs[PHI_METRIC.name] = PHI_METRIC
         self.evaluate_specs = {m.name: m for m in EVALUATE_METRICS}
         self.history: list[dict] = []
@@ -177,6 +179,10 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, RunWatch, Strategy):
         method = self.method.values()
         own = {k: method[k] for k in self.contract.broadcast_keys()}
         return {**{k: training[k] for k in self.contract.uses}, **own}
+
+    def tuning(self) -> MethodSettings | None:
+        """The tuner's settings when the values in force move every round (``tune = "fathom"``), else ``None``."""
+        return self.settings.tuner
 
     def evaluate_config(self) -> dict[str, Scalar]:
         """What every evaluate config holds besides ``server-round``: the adaptation (``adapt-lr`` 0 means ``lr``)."""

@@ -10,9 +10,8 @@ from flwr.common.logger import log
 
 from strategies.aggregation import weighted_average_inplace
 from strategies.base import FederatedStrategy
-from strategies.contracts.fathom import CONTRACT
+from strategies.contracts.fathom import CONTRACT, FathomSettings
 from strategies.screening import Reply
-from strategies.tuner import FathomTuner
 
 
 class Fathom(FederatedStrategy):
@@ -31,10 +30,12 @@ class Fathom(FederatedStrategy):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        values = self.settings.as_run_config()
-        self.tuner = FathomTuner(settings=self.method, keys=self.contract.tunable.keys(values), start=values)
         if self.settings.run.aggregation != "examples":
             log(WARNING, "fathom always weighs models by example count (its update rule assumes it)")
+
+    def tuning(self) -> FathomSettings:
+        """FATHOM is the tuner over FedAvg: its own settings (``fathom-*``) drive it."""
+        return self.method
 
     def combine(self, server_round: int, replies: list[Reply]) -> tuple[list[np.ndarray] | None, dict[str, Scalar]]:
         if not replies:
