@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import ClassVar
 
@@ -216,3 +217,13 @@ def toy_client(state=None, partition=0):
     if state is not None:
         client.state = state
     return client
+
+
+def summaries_written(results: Path, names: Iterable[str]) -> Callable[[], bool]:
+    """Whether every named run in ``results`` has written its ``summary.json``, the end of its ServerApp.
+
+    A cheap sign for ``LocalDeployment.wait_all(ready=...)``: ``flwr ls`` (about 2 CPU-s a
+    call here) then confirms, instead of polling every few seconds while the runs need the CPU.
+    """
+    names = list(names)
+    return lambda: all((results / name / "summary.json").exists() for name in names)

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from helpers import summaries_written
 from selection import TRANSPORT_METHODS, selected_runs
 
 from app.config import ConfigError, parse_settings
@@ -86,7 +87,8 @@ def secure_scenario(workdir: Path, strategies: tuple[str, ...]) -> dict:
         # every method's run submitted at once: a run spends most of its time waiting on the 3 s polls, which the
         # others fill (one after another, each method added about 50 s)
         run_ids = {s: deployment.submit(two_round_config(s, results)) for s in strategies}
-        statuses = deployment.wait_all(list(run_ids.values()), timeout_s=RUN_TIMEOUT_S * 2, poll_s=5)
+        statuses = deployment.wait_all(list(run_ids.values()), timeout_s=RUN_TIMEOUT_S * 2, poll_s=30,
+                                       ready=summaries_written(results, strategies))  # fmt: skip
         nodes = deployment.flwr(["supernode", "ls", CONNECTION])["nodes"]
         intruder_exit = intruder.process.wait(timeout=60)
         ca = deployment.certificates.ca_cert.read_text()
@@ -119,7 +121,8 @@ def lossy_scenario(workdir: Path) -> dict:
                 if deployment.status(run_id).startswith("finished"):
                     break
         deployment.kill_node(2)  # as a device losing power after round 1
-        status = deployment.wait_all([run_id], timeout_s=RUN_TIMEOUT_S, poll_s=4)[run_id]
+        status = deployment.wait_all([run_id], timeout_s=RUN_TIMEOUT_S, poll_s=30,
+                                     ready=summaries_written(results, ["lossy"]))[run_id]  # fmt: skip
         log = _log(deployment, run_id) if status != FINISHED_OK else ""
     return {"status": status, "log": log, "results": results / "lossy", "groups": deployment.process_groups()}
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from helpers import summaries_written
 
 from app.fork_server import TASK_NAME
 from app.local.deployment import LocalDeployment
@@ -121,7 +122,8 @@ def warm_scenario(workdir: Path, devices: list[Path]) -> dict:
                 "killed": deployment.submit(config(results, "killed", **{"local-steps": KILLED_LOCAL_STEPS}))}
         killed_at_cpu = kill_a_training_child(deployment, 0, results / "killed" / "metrics.jsonl",
                                               time.monotonic() + RUN_TIMEOUT_S)  # fmt: skip
-        statuses = deployment.wait_all(list(runs.values()), timeout_s=RUN_TIMEOUT_S, poll_s=4)
+        statuses = deployment.wait_all(list(runs.values()), timeout_s=RUN_TIMEOUT_S, poll_s=30,
+                                       ready=summaries_written(results, runs))  # fmt: skip
         node_logs = [node.log_path.read_text(errors="replace") for node in deployment.nodes.values()]
     return {"statuses": {name: statuses[run_id] for name, run_id in runs.items()}, "results": results,
             "changed-fingerprint": code_fingerprint(changed), "killed-at-cpu": killed_at_cpu,

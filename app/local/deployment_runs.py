@@ -53,14 +53,17 @@ class DeploymentRuns:
         """
         return self.cli.wait(run_id, timeout_s=timeout_s, watch=self.exited)
 
-    def wait_all(self, run_ids: list[str], *, timeout_s: float = 600, poll_s: float = 10.0) -> dict[str, str]:
+    def wait_all(self, run_ids: list[str], *, timeout_s: float = 600, poll_s: float = 10.0,
+                 ready: Callable[[], bool] | None = None) -> dict[str, str]:  # fmt: skip
         """Wait until every run in ``run_ids`` has a final status; returns run id -> status.
 
         One ``flwr ls`` every ``poll_s`` seconds covers all runs (each call costs about
-        a CPU-second, which the runs themselves need on a small machine). Raises
-        :class:`~app.local.processes.ProcessExitedError` as soon as a process of the deployment exits.
+        2 CPU-seconds here, which the runs themselves need on a small machine), or as soon
+        as ``ready()`` says they have ended (every run's ``summary.json`` written, say).
+        Raises :class:`~app.local.processes.ProcessExitedError` as soon as a process of the
+        deployment exits.
         """
-        return self.cli.wait_all(run_ids, timeout_s=timeout_s, poll_s=poll_s, watch=self.exited)
+        return self.cli.wait_all(run_ids, timeout_s=timeout_s, poll_s=poll_s, watch=self.exited, ready=ready)
 
     def run(self, run_config: dict[str, object] | str, *, timeout_s: float = 600) -> RunOutcome:
         """Submit, and wait for the run's final status and log."""

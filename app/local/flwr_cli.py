@@ -139,12 +139,15 @@ class FlwrCli:
         return RunOutcome(run_id=run_id, status=self.status(run_id), wall_seconds=wall, log=log)
 
     def wait_all(self, run_ids: list[str], *, timeout_s: float, poll_s: float,
-                 watch: Callable[[], str | None] | None = None) -> dict[str, str]:  # fmt: skip
+                 watch: Callable[[], str | None] | None = None,
+                 ready: Callable[[], bool] | None = None) -> dict[str, str]:  # fmt: skip
         """Wait until every run in ``run_ids`` has a final status (or ``timeout_s``); run id -> status.
 
-        One ``flwr ls`` every ``poll_s`` seconds covers all runs (each call costs about a
-        CPU-second, which the runs themselves need on a small machine); ``watch`` is asked
-        twice a second in between, as in :meth:`follow`.
+        One ``flwr ls`` every ``poll_s`` seconds covers all runs (each call costs about 2
+        CPU-seconds here, which the runs themselves need on a small machine); ``watch`` is
+        asked twice a second in between, as in :meth:`follow`, and so is ``ready``: once it
+        says the runs have ended (a cheap sign, such as their result files), ``flwr ls``
+        confirms at once, and again a second later while a run is still finishing.
         """
         deadline = time.monotonic() + timeout_s
         while True:
@@ -152,8 +155,11 @@ class FlwrCli:
             mine = {run_id: statuses.get(run_id, "unknown") for run_id in run_ids}
             if all(s.startswith("finished") for s in mine.values()) or time.monotonic() > deadline:
                 return mine
-            polled = time.monotonic()
-            while time.monotonic() - polled < poll_s:
+            polled, was_ready = time.monotonic(), ready is not None and ready()
+            wait_s = 1.0 if was_ready else poll_s
+            while time.monotonic() - polled < wait_s:
                 if watch is not None and (problem := watch()):
                     raise ProcessExitedError(f"runs {', '.join(run_ids)} are pending, but {problem}")
+                if not was_ready and ready is not None and ready():
+                    break
                 time.sleep(0.5)
