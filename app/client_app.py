@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from flwr.client import Client, ClientApp
+from flwr.client import Client, ClientApp, NumPyClient
 from flwr.common import Context
 
 from app import message_cost
@@ -104,31 +104,35 @@ def build_client_app(
     return ClientApp(client_fn=client_function(parts, load_app_data), mods=message_cost.mods())
 
 
+def caller_file() -> Path:
+    """The file of the code that called the function calling this one (an app's client module)."""
+    return Path(sys._getframe(2).f_code.co_filename)
+
+
 def client_function(parts: OwnParts, load_app_data: AppData | None = None) -> Callable[[Context], Client]:
     """Flower's ``client_fn`` for an app's parts (:func:`build_client_app`)."""
 
     def client_fn(context: Context) -> Client:
-        """The node's client; one that reports the reason instead, when it cannot be built.
-
-        A failure here (a missing GPU, an unreadable data file, a node config without its
-        partition) is answered as data (:class:`UnavailableClient`), so the server's
-        preflight can condense it into one line per cause instead of Flower printing a
-        Ray traceback for every client.
-        """
-        try:
-            return build_client(context, parts, load_app_data).to_client()
-        except Exception as err:
-            config = context.node_config
-            return UnavailableClient(error=err, partition_id=int(config.get("partition-id", -1)),
-                                     num_partitions=int(config.get("num-partitions", 0)),
-                                     data_dir=str(config.get("data-dir", ""))).to_client()  # fmt: skip
+        return node_client(context, parts, load_app_data).to_client()
 
     return client_fn
 
 
-def caller_file() -> Path:
-    """The file of the code that called the function calling this one (an app's client module)."""
-    return Path(sys._getframe(2).f_code.co_filename)
+def node_client(context: Context, parts: OwnParts, load_app_data: AppData | None = None) -> NumPyClient:
+    """The node's client; one that reports the reason instead, when it cannot be built.
+
+    A failure here (a missing GPU, an unreadable data file, a node config without its
+    partition) is answered as data (:class:`UnavailableClient`), so the server's
+    preflight can condense it into one line per cause instead of Flower printing a
+    Ray traceback for every client. Both ClientApps (legacy and Message API) build it so.
+    """
+    try:
+        return build_client(context, parts, load_app_data)
+    except Exception as err:
+        config = context.node_config
+        return UnavailableClient(error=err, partition_id=int(config.get("partition-id", -1)),
+                                 num_partitions=int(config.get("num-partitions", 0)),
+                                 data_dir=str(config.get("data-dir", "")))  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -208,6 +208,21 @@ def server_function(parts: OwnParts) -> Callable[[Context], ServerAppComponents]
 
 def server_components(run_config: Mapping[str, object], parts: OwnParts) -> ServerAppComponents:
     """Build the strategy named by ``strategy``, with a result writer as its recorder, inside stamen's round server."""
+    strategy, rounds, settings = run_strategy(run_config, parts)
+    # server-threads: each message waits in its own thread, which polls for the reply every 0.1 s; with
+    # Flower's default pool (CPUs + 4 threads) a 10-client round on 2 cores goes out in two waves (B4).
+    server = RoundServer(client_manager=SimpleClientManager(), strategy=strategy,
+                         max_workers=settings.execution.server_threads)  # fmt: skip
+    return ServerAppComponents(server=server, config=ServerConfig(num_rounds=rounds))
+
+
+def run_strategy(run_config: Mapping[str, object], parts: OwnParts) -> tuple[FederatedStrategy | ContinuedRun, int,
+                                                                             Settings]:  # fmt: skip
+    """The run's stamen strategy (continued from ``resume-from``'s checkpoint if named), its rounds left, its settings.
+
+    Everything that can fail on the server runs here, before the results folder exists;
+    both adapters (the legacy ``RoundServer`` and the Message API strategy) drive what it builds.
+    """
     settings, network = parts.settings(run_config, own_data=bool(parts.data_name))  # checked by app.config.rules
     ignored = ignored_keys(run_config, settings)
     if ignored:
@@ -244,14 +259,10 @@ def server_components(run_config: Mapping[str, object], parts: OwnParts) -> Serv
                               provenance=run_provenance(settings.execution.device)),
         central_evaluation=central_evaluation,
     )
-    if checkpoint is not None:
-        strategy = ContinuedRun(strategy=strategy, checkpoint=checkpoint)
-    # server-threads: each message waits in its own thread, which polls for the reply every 0.1 s; with
-    # Flower's default pool (CPUs + 4 threads) a 10-client round on 2 cores goes out in two waves (B4).
-    server = RoundServer(client_manager=SimpleClientManager(), strategy=strategy,
-                         max_workers=settings.execution.server_threads)  # fmt: skip
-    rounds = strategy.remaining_rounds if checkpoint is not None else settings.run.num_server_rounds
-    return ServerAppComponents(server=server, config=ServerConfig(num_rounds=rounds))
+    if checkpoint is None:
+        return strategy, settings.run.num_server_rounds, settings
+    continued = ContinuedRun(strategy=strategy, checkpoint=checkpoint)
+    return continued, continued.remaining_rounds, settings
 
 
 def earlier_run_in_the_way(settings: Settings) -> str | None:

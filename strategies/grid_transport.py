@@ -1,5 +1,8 @@
 """The grid transport: nodes asked for their properties over Flower's grid, the one file a Flower upgrade touches.
 
+Two dialects: the legacy ``get_properties`` message (nodes behind ``GridClientProxy``)
+and the Message API's ``query`` (:class:`QueryNode`).
+
 Flower's ``GridClientProxy.get_properties`` asks one node and waits for its reply;
 :func:`ask_properties` re-implements it on ``flwr.compat`` internals (its record
 conversions) to ask every node behind one grid in one push, and reads the replies as
@@ -14,11 +17,12 @@ from __future__ import annotations
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from flwr.app import Message
-from flwr.common import GetPropertiesIns, MessageTypeLegacy, Scalar
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.common import Code, GetPropertiesIns, GetPropertiesRes, MessageTypeLegacy, Scalar, Status
 from flwr.compat.common import recorddict_compat as compat
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
+from flwr.serverapp import Grid
 
 REPLY_S = 300  # a node that has not answered the preflight by then cannot start (run config key preflight-timeout)
 # ... plus this much per node asked beyond REPLY_NODES: a simulation's workers answer the nodes a few at a time, each
@@ -34,6 +38,22 @@ CLIENT_RAISED = re.compile(
     r"client-side execution of a message\.",
     re.DOTALL,
 )
+
+
+class NodeError(ValueError):
+    """A node's reply that carries an error or cannot be read; ``cid`` names the node (its failure's label)."""
+
+    def __init__(self, text: str, *, cid: str) -> None:
+        super().__init__(text)
+        self.cid = cid
+
+
+class NoReplyError(TimeoutError):
+    """A message no reply came back for within the phase's timeout; ``cid`` names the node."""
+
+    def __init__(self, text: str, *, cid: str) -> None:
+        super().__init__(text)
+        self.cid = cid
 
 
 def client_error(text: str) -> tuple[str, str] | None:
@@ -60,8 +80,8 @@ def ask_properties(
     simulation), so asking node by node, even eight at a time, made the preflight of
     1,000 nodes take tens of seconds of waiting.
     """
-    grids = {id(p.grid) for p in proxies if isinstance(p, GridClientProxy)}
-    if proxies and len(grids) == 1 and all(isinstance(p, GridClientProxy) for p in proxies):
+    grids = {id(p.grid) for p in proxies if isinstance(p, GRID_PROXIES)}
+    if proxies and len(grids) == 1 and all(isinstance(p, GRID_PROXIES) for p in proxies):
         return _ask_at_once(proxies, config, reply_s)
 
     def ask(proxy: ClientProxy) -> dict[str, Scalar] | Exception:
@@ -76,19 +96,66 @@ def ask_properties(
         return list(pool.map(ask, proxies))
 
 
+class QueryNode(ClientProxy):
+    """A node behind a Message API grid: asked its properties with a ``query`` message (the ClientApp's query handler).
+
+    The Message API strategy (``strategies/message_strategy.py``) sends the fit and
+    evaluate messages itself; this proxy only answers the preflight and the node
+    directory's questions, as :class:`GridClientProxy` does on the legacy path.
+    """
+
+    def __init__(self, *, node_id: int, grid: Grid) -> None:
+        super().__init__(str(node_id))
+        self.node_id = node_id
+        self.grid = grid
+
+    def get_properties(self, ins: GetPropertiesIns, timeout: float | None, group_id: int | None) -> GetPropertiesRes:
+        answer = _ask_at_once([self], dict(ins.config), timeout or REPLY_S)[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return GetPropertiesRes(Status(Code.OK, ""), answer)
+
+    def get_parameters(self, ins, timeout, group_id):
+        raise NotImplementedError("stamen's server never asks a node for its parameters")
+
+    def fit(self, ins, timeout, group_id):
+        raise NotImplementedError("the Message API strategy sends train messages itself")
+
+    def evaluate(self, ins, timeout, group_id):
+        raise NotImplementedError("the Message API strategy sends evaluate messages itself")
+
+    def reconnect(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+
+GRID_PROXIES = (GridClientProxy, QueryNode)
+PROPERTIES = "properties"  # the ConfigRecord of a query reply (app/message_client.py)
+
+
+def _question(proxy: GridClientProxy | QueryNode, config: dict[str, Scalar], reply_s: float) -> Message:
+    if isinstance(proxy, QueryNode):
+        return Message(content=RecordDict({"config": ConfigRecord(config)}), dst_node_id=proxy.node_id,
+                       message_type=MessageType.QUERY, ttl=reply_s)  # fmt: skip
+    return Message(content=compat.getpropertiesins_to_recorddict(GetPropertiesIns(config=config)),
+                   dst_node_id=proxy.node_id, message_type=MessageTypeLegacy.GET_PROPERTIES, ttl=reply_s)  # fmt: skip
+
+
+def _answer(proxy: GridClientProxy | QueryNode, content: RecordDict) -> dict[str, Scalar]:
+    if isinstance(proxy, QueryNode):
+        return dict(content.config_records[PROPERTIES])
+    return dict(compat.recorddict_to_getpropertiesres(content).properties)
+
+
 def _ask_at_once(
-    proxies: list[GridClientProxy], config: dict[str, Scalar], reply_s: float
+    proxies: list[GridClientProxy | QueryNode], config: dict[str, Scalar], reply_s: float
 ) -> list[dict[str, Scalar] | Exception]:
     """The properties of every node behind one grid: one push of a message per node, one wait for all replies.
 
-    The messages and the reading of the replies are those of Flower's
-    ``GridClientProxy.get_properties``, and a failed node's exception reads the same.
+    On the legacy path the messages and the reading of the replies are those of Flower's
+    ``GridClientProxy.get_properties``, and a failed node's exception reads the same; on
+    the Message API path the question is a ``query`` message.
     """
-    messages = [
-        Message(content=compat.getpropertiesins_to_recorddict(GetPropertiesIns(config=config)),
-                dst_node_id=proxy.node_id, message_type=MessageTypeLegacy.GET_PROPERTIES, ttl=reply_s)
-        for proxy in proxies
-    ]  # fmt: skip
+    messages = [_question(proxy, config, reply_s) for proxy in proxies]
     received = proxies[0].grid.send_and_receive(messages, timeout=reply_s)
     replies = {reply.metadata.src_node_id: reply for reply in received}
     answers: list[dict[str, Scalar] | Exception] = []
@@ -99,5 +166,8 @@ def _ask_at_once(
         elif reply.has_error():
             answers.append(ValueError(CLIENT_ERROR.format(reason=reply.error.reason)))
         else:
-            answers.append(dict(compat.recorddict_to_getpropertiesres(reply.content).properties))
+            try:
+                answers.append(_answer(proxy, reply.content))
+            except (KeyError, TypeError, ValueError) as err:  # a reply without its records is an answer that fails
+                answers.append(ValueError(f"unreadable properties reply ({type(err).__name__}: {err})"))
     return answers

@@ -116,8 +116,8 @@ class ReplyScreen:
 
     def _failed_who(self, failure: object) -> str:
         """The failed client's label where the failure names its node, else ``?`` (an exception names none)."""
-        if isinstance(failure, BaseException):
-            return "?"
+        if isinstance(failure, BaseException):  # the Message API's failures name their node (grid_transport.NodeError)
+            return self.nodes.label(failure.cid) if hasattr(failure, "cid") else "?"
         return self.nodes.label(failure[0].cid)
 
 

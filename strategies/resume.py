@@ -42,6 +42,22 @@ class ContinuedRun(Strategy):
     def remaining_rounds(self) -> int:
         return self.strategy.num_rounds - self.offset
 
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return self.strategy.model_names
+
+    @property
+    def sent_names(self) -> tuple[str, ...]:
+        return self.strategy.sent_names
+
+    @property
+    def global_parameters(self) -> Parameters:
+        """The strategy's model (the checkpoint's once :meth:`initialize_parameters` has resumed it)."""
+        return self.strategy.global_parameters
+
+    def adopt_model(self, model: list) -> Parameters:
+        return self.strategy.adopt_model(model)
+
     def __repr__(self) -> str:
         return f"ContinuedRun({self.strategy!r}, after round {self.offset})"
 

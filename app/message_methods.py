@@ -1,0 +1,149 @@
+"""stamen's methods as Flower Message API strategies, and the Message API ServerApp that runs them.
+
+A ``flwr new`` app swaps Flower's ``FedAvg(...)`` for one of these and keeps its
+``strategy.start(grid=grid, ...)``::
+
+    strategy = stamen.PerFedAvg(run_config=context.run_config, model=lambda config: Net())
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()))
+
+Each class is :class:`MethodStrategy` fixed to one registered method
+(:func:`message_strategy` builds it from the registry; the built-in ones have names
+here, exported by ``stamen``). Everything a run of the legacy path gets (the checks
+before any work, the preflight, the results folder, checkpoints, resuming, the
+divergence stop) it gets here: both drive the same stamen strategy
+(:func:`app.server_app.run_strategy`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import cache
+from typing import ClassVar
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from app.config import ConfigError
+from app.own_parts import ModelFn, OwnParts
+from app.registry import METHODS
+from app.server_app import refused, run_strategy
+from strategies.contracts.models import ModelCard
+from strategies.message_strategy import MessageStrategy
+
+
+class MethodStrategy(MessageStrategy):
+    """A stamen method as a Flower Message API strategy, built from a run config (see the module's docstring).
+
+    Parameters
+    ----------
+    run_config
+        The run config (``context.run_config``): stamen's keys (docs/configuration.md),
+        defaults for those it lacks, and the app's own keys beside them. Its
+        ``strategy`` key, if given, must name this class's method.
+    model, model_name, model_card, data_name, allow_app_keys
+        The app's own parts, as for :func:`app.server_app.build_server_app`.
+
+    Raises
+    ------
+    ConfigError
+        For a run config stamen refuses (a bad value, a misspelt key, a model the
+        method cannot use), before any work; the reason is logged in one line.
+
+    """
+
+    method: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        *,
+        run_config: Mapping[str, object] | None = None,
+        model: ModelFn | None = None,
+        model_name: str = "",
+        model_card: ModelCard | None = None,
+        data_name: str = "",
+        allow_app_keys: bool = True,
+    ) -> None:
+        config = dict(run_config or {})
+        parts = OwnParts(model=model, model_name=model_name, model_card=model_card, data_name=data_name,
+                         allow_app_keys=allow_app_keys)  # fmt: skip
+        try:
+            if self.method:
+                named = str(config.setdefault("strategy", self.method))
+                if named != self.method:
+                    raise ConfigError(f"run config key 'strategy': {named!r} given to {type(self).__name__}, "
+                                      f"which runs {self.method!r}; drop the key or build message_strategy({named!r})")
+            strategy, rounds, _ = run_strategy(config, parts)
+        except ConfigError as err:
+            refused(err, config, parts)
+            raise
+        super().__init__(strategy=strategy, num_rounds=rounds)
+
+
+@cache
+def message_strategy(name: str) -> type[MethodStrategy]:
+    """The Message API strategy class of the registered method ``name`` (the ``strategy`` key's value).
+
+    Raises
+    ------
+    ConfigError
+        For a name no method has, listing those that exist.
+
+    """
+    if name not in METHODS:
+        raise ConfigError(f"run config key 'strategy': {name!r} is not a method; choose one of {list(METHODS)}")
+    legacy = METHODS[name].strategy
+    doc = (f"stamen's ``{name}`` as a Flower Message API strategy (:class:`MethodStrategy`); the server's maths "
+           f"is :class:`{legacy.__module__}.{legacy.__name__}`.")  # fmt: skip
+    return type(legacy.__name__, (MethodStrategy,), {"method": name, "__doc__": doc, "__module__": __name__})
+
+
+def build_message_server_app(
+    *,
+    model: ModelFn | None = None,
+    model_name: str = "",
+    model_card: ModelCard | None = None,
+    data_name: str = "",
+    allow_app_keys: bool = True,
+) -> ServerApp:
+    """A Flower Message API ``ServerApp`` that runs the method named by the run config's ``strategy``.
+
+    The arguments are those of :func:`app.server_app.build_server_app`; its ``main``
+    builds the method's strategy from the run config and starts it on the grid.
+    """
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        name = str(context.run_config.get("strategy", "perfedavg"))
+        try:
+            strategy_class = message_strategy(name)
+        except ConfigError as err:
+            refused(err, context.run_config, OwnParts(model_name=model_name, data_name=data_name))
+            raise
+        strategy = strategy_class(run_config=context.run_config, model=model, model_name=model_name,
+                                  model_card=model_card, data_name=data_name,
+                                  allow_app_keys=allow_app_keys)  # fmt: skip
+        strategy.start(grid=grid)
+
+    return app
+
+
+# the built-in methods by their class names (stamen.PerFedAvg, ...); a method added to the registry has its class
+# from message_strategy(name)
+FedAvg = message_strategy("fedavg")
+PerFedAvg = message_strategy("perfedavg")
+Fathom = message_strategy("fathom")
+Diffusion = message_strategy("diffusion")
+FedProx = message_strategy("fedprox")
+Ditto = message_strategy("ditto")
+Scaffold = message_strategy("scaffold")
+FedRep = message_strategy("fedrep")
+FedPer = message_strategy("fedper")
+PFedMe = message_strategy("pfedme")
+Apfl = message_strategy("apfl")
+FedBN = message_strategy("fedbn")
+Moon = message_strategy("moon")
+FedAmp = message_strategy("fedamp")
+FedProto = message_strategy("fedproto")
+
+app = build_message_server_app(allow_app_keys=False)

@@ -1,0 +1,308 @@
+"""Flower's Message API ``Strategy`` over a stamen strategy: the same parts, rounds and records as the legacy path.
+
+:class:`MessageStrategy` is the Message API adapter. It holds a stamen strategy (the
+legacy adapter, :class:`strategies.base.FederatedStrategy`, or one continued from a
+checkpoint) and turns its instructions into ``Message`` objects
+(:mod:`strategies.message_codec`) and the replies back, so every method runs the same
+code on both paths: the preflight (a ``query`` message per node), the sampling, the
+reply screen, the aggregation, the tuner, the round record, checkpoints and the
+divergence stop. Failures are counted from the messages sent: a reply with Flower's
+``error`` is a failure with its ``reason``, a node that sent none is one too.
+
+Flower 1.42's ``Strategy.start`` has no way to stop a run early nor to close a round
+after its evaluation, which stamen's record needs; :meth:`MessageStrategy.start`
+therefore plays the rounds itself, in the legacy server's order (fit, the server's
+test of the global model, the clients' evaluation, then the round's record), calling
+the four Message API methods a subclass may override.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+from typing import Protocol
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.common import Code, EvaluateRes, FitRes, Parameters, Scalar, Status
+from flwr.common.logger import log
+from flwr.server.client_proxy import ClientProxy
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from strategies.grid_nodes import GridNodes
+from strategies.grid_transport import CLIENT_ERROR, NO_REPLY, NodeError, NoReplyError
+from strategies.message_codec import LOSS, MessageFormatError, array_records, instruction, read_reply
+from strategies.run_watch import RunDivergedError
+
+OK = Status(code=Code.OK, message="")
+RESERVED = ("partition-id", "payload", "server-round")  # config keys a user's train_config may not set
+
+
+class RoundClosing(Protocol):
+    """What the adapter drives: a stamen strategy, or one continued from a checkpoint (``strategies/resume.py``)."""
+
+    def initialize_parameters(self, client_manager: GridNodes) -> Parameters | None: ...
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: GridNodes) -> list: ...
+    def aggregate_fit(self, server_round: int, results: list, failures: list) -> tuple: ...
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple | None: ...
+    def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: GridNodes) -> list: ...
+    def aggregate_evaluate(self, server_round: int, results: list, failures: list) -> tuple: ...
+    def end_round(self, server_round: int) -> None: ...
+    def fail(self, reason: str) -> None: ...
+    def adopt_model(self, model: list) -> Parameters: ...
+
+    @property
+    def sent_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def global_parameters(self) -> Parameters: ...
+
+    @property
+    def model_names(self) -> tuple[str, ...]: ...
+
+
+class MessageStrategy(Strategy):
+    """A stamen strategy on Flower's Message API (see the module's docstring).
+
+    Parameters
+    ----------
+    strategy
+        The stamen strategy it drives, built by ``app.server_app.run_strategy`` (its
+        settings, results folder and initial model), or continued from a checkpoint.
+    num_rounds
+        The rounds it has left to play (a resumed run's remaining rounds).
+
+    """
+
+    def __init__(self, *, strategy: RoundClosing, num_rounds: int) -> None:
+        self.strategy = strategy
+        self.num_rounds = num_rounds
+        self.nodes: GridNodes | None = None
+        self.parameters: Parameters | None = None  # the global model as the stamen strategy last gave it
+        self._asked: dict[int, ClientProxy] = {}  # node id -> proxy, for the messages of the phase in flight
+        self._shadowed: set[str] = set()  # train_config keys already reported as set over stamen's own
+        self.timeout = 3600.0  # seconds a phase waits for its replies (start's timeout)
+        self._handed: ArrayRecord | None = None  # the global model as last handed to Flower's loop
+
+    @property
+    def global_arrays(self) -> ArrayRecord:
+        """The global model stamen holds, keyed by ``state_dict`` names (before round 1: the run's initial model).
+
+        Pass it as ``initial_arrays`` to a wrapper's ``start`` (Flower's requires one).
+        """
+        return self._arrays(self.parameters if self.parameters is not None else self.strategy.global_parameters)
+
+    def summary(self) -> None:
+        log(INFO, "\t%r, %d round(s), on Flower's Message API", self.strategy, self.num_rounds)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """One ``train`` message per sampled node: its array sets (named ArrayRecords) and its config.
+
+        The first call runs the preflight. ``arrays`` other than the model this strategy
+        last returned (``initial_arrays``, or a wrapper's noised aggregate) become the
+        global model first. Keys of ``config`` travel too; one that stamen also sends
+        overrides stamen's value and is logged once (the round's record keeps stamen's).
+        """
+        nodes = self._nodes(grid)
+        if self.parameters is None:
+            self.parameters = self.strategy.initialize_parameters(nodes)
+        if arrays is not self._handed and len(arrays) and not _same(arrays, self._arrays(self.parameters)):
+            log(INFO, "stamen: round %s starts from the arrays given to configure_train, not the model stamen holds",
+                server_round)  # fmt: skip
+            self.parameters = self.strategy.adopt_model([a.numpy() for a in arrays.values()])
+        instructions = self.strategy.configure_fit(server_round, self.parameters, nodes)
+        return self._messages(server_round, instructions, config, MessageType.TRAIN)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The stamen strategy's aggregate of the screened replies; then the server's own test (``central-eval``)."""
+        results, failures = self._read(replies, fit=True)
+        parameters, metrics = self.strategy.aggregate_fit(server_round, results, failures)
+        if parameters is not None:
+            self.parameters = parameters
+        self.strategy.evaluate(server_round, self.parameters)
+        self._handed = self._arrays(self.parameters)
+        return (self._handed if parameters is not None else None), _metric_record(metrics)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        instructions = self.strategy.configure_evaluate(server_round, self.parameters, self._nodes(grid))
+        return self._messages(server_round, instructions, config, MessageType.EVALUATE)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """The clients' evaluation, then the round closed: its record, checkpoint and divergence watch.
+
+        Raises
+        ------
+        RunDivergedError
+            When the run is to stop (its summary already says why); :meth:`start` ends the run on it.
+
+        """
+        results, failures = self._read(replies, fit=False)
+        metrics = None
+        if results or failures:
+            metrics = _metric_record(self.strategy.aggregate_evaluate(server_round, results, failures)[1])
+        self.strategy.end_round(server_round)
+        return metrics
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None = None,
+        num_rounds: int | None = None,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """The preflight, then the rounds, each closed on the stamen strategy; Flower's ``Result`` of the run.
+
+        Flower's own ``start`` would run the same four methods (a wrapper such as Flower's
+        differential-privacy strategies does), but it cannot stop a run early nor mark its
+        results folder failed; this one does both, and logs one line per round instead of
+        every aggregated record.
+
+        Parameters
+        ----------
+        grid
+            The grid the ServerApp was given.
+        initial_arrays
+            Optional: the model to start from, with the names and shapes of the run's
+            model; default: the model stamen built from the run's ``seed`` (so the same
+            seed gives the same run).
+        num_rounds
+            Rounds to play; default: the run config's (less a resumed run's done rounds).
+        timeout
+            Seconds each phase waits for its replies; a node that has not answered by then failed.
+        train_config, evaluate_config
+            Extra config values sent with every train / evaluate message.
+        evaluate_fn
+            Optional: ``(round, arrays) -> MetricRecord``, called after every round as Flower's
+            strategies call it; stamen's own server test is the ``central-eval`` key.
+
+        """
+        rounds = self.num_rounds if num_rounds is None else num_rounds
+        self.timeout = timeout
+        result = Result()
+        try:
+            if self.parameters is None:
+                self.parameters = self.strategy.initialize_parameters(self._nodes(grid))
+            arrays = self._handed = self._arrays(self.parameters)
+            if initial_arrays is not None:
+                _check_like(initial_arrays, arrays)
+                arrays = initial_arrays
+            for server_round in range(1, rounds + 1):
+                arrays = self._round(grid, server_round, arrays, train_config or ConfigRecord(),
+                                     evaluate_config or ConfigRecord(), evaluate_fn, result)  # fmt: skip
+        except RunDivergedError as stop:
+            log(WARNING, "the run stopped early: %s", stop)
+        except Exception as err:
+            self.strategy.fail(" ".join(str(err).split()) or type(err).__name__)
+            raise
+        return result
+
+    def _round(self, grid: Grid, server_round: int, arrays: ArrayRecord, train_config: ConfigRecord,
+               evaluate_config: ConfigRecord, evaluate_fn: Callable | None, result: Result) -> ArrayRecord:  # fmt: skip
+        """One round as Flower's ``Strategy.start`` plays it; the global model after it."""
+        messages = list(self.configure_train(server_round, arrays, train_config, grid))
+        replies = list(grid.send_and_receive(messages, timeout=self.timeout)) if messages else []
+        new_arrays, train_metrics = self.aggregate_train(server_round, replies)
+        if new_arrays is not None:
+            result.arrays = arrays = new_arrays
+        if train_metrics is not None:
+            result.train_metrics_clientapp[server_round] = train_metrics
+        messages = list(self.configure_evaluate(server_round, arrays, evaluate_config, grid))
+        replies = list(grid.send_and_receive(messages, timeout=self.timeout)) if messages else []
+        if (evaluate_metrics := self.aggregate_evaluate(server_round, replies)) is not None:
+            result.evaluate_metrics_clientapp[server_round] = evaluate_metrics
+        if evaluate_fn is not None and (metrics := evaluate_fn(server_round, arrays)) is not None:
+            result.evaluate_metrics_serverapp[server_round] = metrics
+        return arrays
+
+    def _nodes(self, grid: Grid) -> GridNodes:
+        if self.nodes is None or self.nodes.grid is not grid:
+            self.nodes = GridNodes(grid=grid)
+        return self.nodes
+
+    def _messages(self, server_round: int, instructions: list, config: ConfigRecord, kind: str) -> list[Message]:
+        extra = dict(config)
+        if reserved := sorted(set(extra) & set(RESERVED)):
+            raise ValueError(f"{kind}_config may not set {reserved}: stamen sets them per message")
+        self._asked = {}
+        messages = []
+        for proxy, ins in instructions:
+            if shadowed := sorted(k for k in extra if k in ins.config and k not in self._shadowed):
+                log(INFO, "stamen: %s_config sets %s over stamen's values", kind, ", ".join(shadowed))
+                self._shadowed.update(shadowed)
+            content = instruction(ins.parameters, {**ins.config, **extra}, self.strategy.sent_names)
+            messages.append(Message(content=content, dst_node_id=proxy.node_id, message_type=kind,
+                                    group_id=str(server_round)))  # fmt: skip
+            self._asked[proxy.node_id] = proxy
+        return messages
+
+    def _read(self, replies: Iterable[Message], *, fit: bool) -> tuple[list, list]:
+        """The replies as the stamen strategy reads them, and the failures: errors, unreadable and missing replies."""
+        results, failures, answered = [], [], set()
+        for message in replies:
+            proxy = self._asked.get(message.metadata.src_node_id)
+            if proxy is None or message.metadata.src_node_id in answered:  # a reply to no message of this phase
+                continue
+            answered.add(message.metadata.src_node_id)
+            if message.has_error():
+                failures.append(NodeError(CLIENT_ERROR.format(reason=message.error.reason), cid=proxy.cid))
+                continue
+            try:
+                tensors, num_examples, metrics, names = read_reply(message.content)
+                if fit and names and list(names) != list(self.strategy.sent_names or names):
+                    raise MessageFormatError(f"the reply's arrays are named {names[:4]}..., the server sent "
+                                             f"{list(self.strategy.sent_names)[:4]}...")  # fmt: skip
+            except (MessageFormatError, KeyError, TypeError) as err:
+                failures.append(NodeError(f"unreadable reply: {err}", cid=proxy.cid))
+                continue
+            if fit:
+                results.append((proxy, FitRes(OK, Parameters(tensors=tensors, tensor_type="numpy.ndarray"),
+                                              num_examples, metrics)))  # fmt: skip
+            else:
+                loss = metrics.pop(LOSS, float("nan"))
+                results.append((proxy, EvaluateRes(OK, loss, num_examples, metrics)))
+        for node_id in sorted(set(self._asked) - answered):  # failures are the messages sent less the replies
+            failures.append(NoReplyError(f"{NO_REPLY} {self.timeout:g} s", cid=self._asked[node_id].cid))
+        return results, failures
+
+    def _arrays(self, parameters: Parameters | None) -> ArrayRecord:
+        """The whole global model as one ArrayRecord keyed by its ``state_dict`` names."""
+        if parameters is None:
+            return ArrayRecord()
+        records = array_records(parameters.tensors, None, self.strategy.model_names)
+        return records["arrays"]
+
+
+def _metric_record(metrics: dict[str, Scalar]) -> MetricRecord:
+    """The numeric values of ``metrics`` (Flower's MetricRecord holds only numbers)."""
+    return MetricRecord({k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)})
+
+
+def _same(first: ArrayRecord, second: ArrayRecord) -> bool:
+    """Whether two records hold the same arrays under the same names (bytes compared)."""
+    return list(first.keys()) == list(second.keys()) and all(first[k].data == second[k].data for k in first)
+
+
+def _check_like(given: ArrayRecord, model: ArrayRecord) -> None:
+    """Refuse ``initial_arrays`` that are not the run's model (names, shapes, dtypes), naming the differences."""
+    theirs = {k: (tuple(a.shape), a.dtype) for k, a in given.items()}
+    mine = {k: (tuple(a.shape), a.dtype) for k, a in model.items()}
+    if theirs != mine:
+        raise ValueError(f"initial_arrays are not the run's model: {_differences(theirs, mine)}")
+
+
+def _differences(theirs: dict, mine: dict) -> str:
+    missing, extra = sorted(set(mine) - set(theirs)), sorted(set(theirs) - set(mine))
+    changed = sorted(k for k in set(mine) & set(theirs) if mine[k] != theirs[k])
+    parts = [f"missing {missing[:3]}" if missing else "", f"unknown {extra[:3]}" if extra else "",
+             ", ".join(f"{k}: {theirs[k]} given, {mine[k]} expected" for k in changed[:3])]  # fmt: skip
+    return "; ".join(p for p in parts if p)
+

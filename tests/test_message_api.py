@@ -1,0 +1,226 @@
+"""The Message API path: every method gives the legacy path's records; failures, screens, subclasses and wrappers.
+
+Both paths run in this process: the legacy one through the server ``flwr run`` gets
+(``app.local.inprocess.served_run``), the Message API one through a Flower ``Grid``
+whose nodes answer with stamen's Message API ClientApp (``app.local.message_grid``),
+every message through Flower's wire encoding. Parametrised over ``app.registry.METHODS``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common import Parameters, ndarray_to_bytes
+from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
+
+from app.local.inprocess import served_run
+from app.local.message_grid import InProcessGrid, wired
+from app.message_client import app as message_client_app
+from app.message_methods import message_strategy
+from app.registry import METHODS
+from strategies.message_codec import (
+    MessageFormatError,
+    instruction,
+    read_instruction,
+    read_reply,
+    reply,
+)
+
+CLIENTS = 4
+QUICK = {"num-server-rounds": 3, "fraction-fit": 0.5, "min-available-clients": CLIENTS, "local-steps": 2,
+         "batch-size": 4, "adapt-batch-size": 4, "perfedavg-outer-batch-size": 4, "perfedavg-hessian-batch-size": 4,
+         "eval-every": 2}  # fmt: skip
+GENERATED = ("least-squares", "synthetic")  # data with no test set for the server's own test (central-eval)
+OWN = {"fathom": {"local-epochs": 0.1, "fathom-batch-min": 2.0, "batch-size": 4}}
+
+
+def config_of(name: str, results: Path, run_name: str, **extra) -> dict:
+    contract = METHODS[name].contract  # the server tests a model only where it holds the whole of it and a test set
+    central = contract.personal is None and contract.example.get("dataset") not in GENERATED
+    return {**contract.example, **QUICK, **OWN.get(name, {}), "central-eval": central,
+            "results-dir": str(results), "run-name": run_name, **extra}  # fmt: skip
+
+
+def records(results: Path, run_name: str) -> list[dict]:
+    """``metrics.jsonl`` without what the clock decides (seconds, Unix times)."""
+    rows = [json.loads(line) for line in (results / run_name / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if "seconds" not in k and not k.endswith("-unix")} for row in rows]
+
+
+def message_run(config: dict, *, grid: InProcessGrid | None = None, strategy_class=None) -> object:
+    strategy = (strategy_class or message_strategy(config["strategy"]))(run_config=config)
+    strategy.start(grid=grid or InProcessGrid(run_config=config, num_clients=CLIENTS))
+    return strategy
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_both_paths_write_the_same_records(name, tmp_path):
+    legacy = config_of(name, tmp_path, "legacy")
+    server, rounds = served_run(legacy, num_clients=CLIENTS)
+    server.fit(rounds, None)
+    message_run(config_of(name, tmp_path, "message"))
+    first, second = records(tmp_path, "legacy"), records(tmp_path, "message")
+    assert [r["round"] for r in second] == [1, 2, 3]
+    assert "eval-clients" in second[-1]  # the clients' evaluation ran, and the server's own test where it can
+    assert ("central-loss" in second[-1]) == legacy["central-eval"]
+    for one, other in zip(first, second, strict=True):
+        assert one.keys() == other.keys()
+        for key, value in one.items():
+            assert other[key] == (pytest.approx(value, rel=1e-9, abs=1e-12) if isinstance(value, float) else value), key
+
+
+def test_arrays_travel_by_name_and_each_set_in_its_own_record():
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(3, np.float32), np.zeros(4, np.int64)]
+    parameters = Parameters(tensors=[ndarray_to_bytes(a) for a in arrays], tensor_type="numpy.ndarray")
+    content = instruction(parameters, {"lr": 0.1, "payload": "model:2 control:1"}, names=("fc.weight", "fc.bias"))
+    received = wired(Message(content=content, dst_node_id=5, message_type="train")).content
+    assert list(received.array_records["arrays"].keys()) == ["fc.weight", "fc.bias"]
+    assert list(received.array_records["control"].keys()) == ["0"]
+    assert received.array_records["arrays"]["fc.weight"].shape == (2, 3)
+    assert received.array_records["control"]["0"].dtype == "int64"
+    np.testing.assert_array_equal(received.array_records["arrays"].to_torch_state_dict()["fc.weight"].numpy(),
+                                  arrays[0])  # a template's reading of the model works  # fmt: skip
+    tensors, config, names = read_instruction(received)
+    assert tensors == parameters.tensors and config == {"lr": 0.1, "payload": "model:2 control:1"}
+    assert names == ["fc.weight", "fc.bias"]
+    with pytest.raises(MessageFormatError, match="names 3 arrays, the message holds 2"):
+        instruction(Parameters(tensors=parameters.tensors[:2], tensor_type=""), {"payload": "model:2 control:1"})
+
+
+def test_a_reply_carries_numbers_as_metrics_and_text_as_reports():
+    tensor = ndarray_to_bytes(np.ones(2, np.float32))
+    content = reply([tensor], 7, {"train-loss": 0.5, "steps": np.int64(3), "ok": True, "note": "x",
+                                  "payload": "model:1"}, names=["w"])  # fmt: skip
+    assert dict(content.metric_records["metrics"]) == {"train-loss": 0.5, "steps": 3, "num-examples": 7}
+    assert dict(content.config_records["reports"]) == {"ok": True, "note": "x"}
+    tensors, num_examples, metrics, names = read_reply(wired(Message(content, dst_node_id=5, message_type="train"))
+                                                       .content)  # fmt: skip
+    assert (tensors, num_examples, names) == ([tensor], 7, ["w"])
+    assert metrics == {"train-loss": 0.5, "steps": 3, "ok": True, "note": "x", "payload": "model:1"}
+    with pytest.raises(MessageFormatError, match="reply's own keys"):
+        reply([], 1, {"num-examples": 3})
+    with pytest.raises(MessageFormatError, match="no 'metrics' MetricRecord"):
+        read_reply(RecordDict({"arrays": ArrayRecord()}))
+
+
+class HostileGrid(InProcessGrid):
+    """Node 1 raises, node 2 stays silent, node 3 sends 1e30-sized arrays, node 4 renames its arrays (train only)."""
+
+    def push_messages(self, messages):
+        self.dropped = []
+        return super().push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        replies = []
+        for answer in super().pull_messages(message_ids):
+            partition = answer.metadata.src_node_id - min(self.contexts)
+            if answer.metadata.message_type != "train" or answer.has_error():
+                replies.append(answer)
+            elif partition == 1:
+                continue  # silent: no reply comes back
+            elif partition in (2, 3):
+                model = answer.content.array_records["arrays"]
+                arrays = {(f"x{k}" if partition == 3 else k): Array(a.numpy() * np.float32(1e30))
+                          for k, a in model.items()}  # fmt: skip
+                answer.content["arrays"] = ArrayRecord(arrays)
+                replies.append(answer)
+            else:
+                replies.append(answer)
+        return replies
+
+
+def raising_on_partition_0(message, context):
+    if message.metadata.message_type == "train" and int(context.node_config["partition-id"]) == 0:
+        raise RuntimeError("this node's disk is full")
+    return message_client_app(message, context)
+
+
+def test_failures_are_the_messages_sent_less_the_usable_replies(tmp_path):
+    config = config_of("fedavg", tmp_path, "hostile", **{"num-server-rounds": 1, "fraction-fit": 1.0})
+    grid = HostileGrid(run_config=config, num_clients=6, client_app=raising_on_partition_0)
+    strategy = message_run(config, grid=grid)
+    (record,) = records(tmp_path, "hostile")
+    assert record["clients-sampled"] == 6 and record["clients-succeeded"] == 2
+    assert record["clients-failed"] == 4 and record["clients-rejected"] == 1  # the 1e30 reply: screened out
+    failures = " | ".join(record["fit-failures"])
+    assert "this node's disk is full" in failures and "sent no reply within 3600 s" in failures
+    assert "unreadable reply" in failures and "xlayers.1.weight" in failures  # renamed arrays are named, not averaged
+    labels = " ".join(c for group in record["fit-failure-groups"] for c in group["clients"])
+    assert "partition 0" in labels and "partition 1" in labels  # each failure names its node
+    model = strategy.global_arrays
+    assert all(np.all(np.isfinite(a.numpy())) and np.abs(a.numpy()).max() < 1e3 for a in model.values())
+
+
+class PerClientSteps(message_strategy("fedavg")):
+    """Flower's tutorial move: override configure_train to set a per-client config value."""
+
+    def configure_train(self, server_round, arrays, config, grid):
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        for message in messages:
+            partition = message.content["config"]["partition-id"]
+            message.content["config"]["local-steps"] = 1 + partition % 2
+        return messages
+
+
+def test_a_subclass_overriding_configure_train_changes_what_each_client_does(tmp_path):
+    config = config_of("fedavg", tmp_path, "steps", **{"num-server-rounds": 2, "fraction-fit": 1.0})
+    message_run(config, strategy_class=PerClientSteps)
+    for record in records(tmp_path, "steps"):
+        assert record["clients-succeeded"] == CLIENTS
+        assert record["client-steps"] == 1 + 2 + 1 + 2  # the clients ran the steps they were sent, not 2 each
+        assert record["hp-local-steps"] == 2  # the record keeps stamen's value in force
+
+
+def test_flowers_differential_privacy_wrapper_clips_what_a_stamen_strategy_aggregates(tmp_path):
+    def moved(run_name: str, noise: float | None) -> float:
+        config = config_of("fedavg", tmp_path, run_name, **{"num-server-rounds": 2, "fraction-fit": 1.0})
+        strategy = message_strategy("fedavg")(run_config=config)
+        start = [a.numpy() for a in strategy.global_arrays.values()]
+        grid = InProcessGrid(run_config=config, num_clients=CLIENTS)
+        if noise is None:
+            strategy.start(grid=grid)
+        else:  # Flower's own start, as every wrapper runs it
+            wrapper = DifferentialPrivacyServerSideFixedClipping(strategy, noise_multiplier=noise, clipping_norm=1e-3,
+                                                                 num_sampled_clients=CLIENTS)  # fmt: skip
+            wrapper.start(grid=grid, initial_arrays=strategy.global_arrays, num_rounds=2)
+        assert [r["round"] for r in records(tmp_path, run_name)] == [1, 2]  # the rounds are closed and recorded
+        end = [a.numpy() for a in strategy.global_arrays.values()]
+        return float(np.sqrt(sum(np.sum((e - s) ** 2) for e, s in zip(end, start, strict=True))))
+
+    free, clipped = moved("free", None), moved("clipped", 0.0)
+    assert clipped <= 2 * 1e-3 * (1 + 1e-4) < free  # two rounds of updates clipped to norm 1e-3
+    assert moved("noised", 5.0) != pytest.approx(clipped, rel=1e-6)  # round 1's noise reached the model of round 2
+
+
+def test_a_strategy_refuses_a_run_config_naming_another_method(tmp_path):
+    from app.config import ConfigError
+
+    with pytest.raises(ConfigError, match="'strategy': 'scaffold' given to FedAvg"):
+        message_strategy("fedavg")(run_config={"strategy": "scaffold", "results-dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match="is not a method"):
+        message_strategy("fedavgg")
+
+
+def test_start_refuses_initial_arrays_of_another_model(tmp_path):
+    config = config_of("fedavg", tmp_path, "other", **{"num-server-rounds": 1})
+    strategy = message_strategy("fedavg")(run_config=config)
+    with pytest.raises(ValueError, match="initial_arrays are not the run's model"):
+        strategy.start(grid=InProcessGrid(run_config=config, num_clients=CLIENTS),
+                       initial_arrays=ArrayRecord({"w": Array(np.ones(3, np.float32))}))  # fmt: skip
+    summary = json.loads((tmp_path / "other" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "initial_arrays" in summary["reason"]
+
+
+def test_metrics_in_flowers_result_are_numbers(tmp_path):
+    config = config_of("fedavg", tmp_path, "result", **{"num-server-rounds": 2, "eval-every": 1})
+    strategy = message_strategy("fedavg")(run_config=config)
+    result = strategy.start(grid=InProcessGrid(run_config=config, num_clients=CLIENTS),
+                            evaluate_fn=lambda rnd, arrays: MetricRecord({"n": len(arrays)}),
+                            train_config=ConfigRecord({"note": "mine"}))  # fmt: skip
+    assert sorted(result.train_metrics_clientapp) == [1, 2] and sorted(result.evaluate_metrics_clientapp) == [1, 2]
+    assert result.evaluate_metrics_serverapp[2]["n"] == len(strategy.global_arrays)
+    assert list(result.arrays.keys()) == list(strategy.global_arrays.keys())
