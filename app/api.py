@@ -6,6 +6,9 @@ documents it with a complete app (``examples/own-app``).
 
 The two entry points build a Flower ``ServerApp`` and ``ClientApp`` for any registered
 method from the app's own network and data; stamen's own app is built with them too.
+On Flower's Message API, ``stamen.PerFedAvg`` (and a class per method, by its strategy's
+name; :func:`message_strategy` by method name) is a ``flwr.serverapp.strategy.Strategy``
+a ``flwr new`` app swaps for ``FedAvg``; ``build_client_app``'s ClientApp answers both APIs.
 ``METHODS`` maps each method's name (the ``strategy`` key's value) to its ``Method``: its
 strategy class, its client class and its keys (:func:`method` looks one up by name).
 """
@@ -14,6 +17,25 @@ from __future__ import annotations
 
 from app.client_app import build_client_app
 from app.config import ConfigError, app_keys, parse_settings
+from app.message_methods import (
+    Apfl,
+    Diffusion,
+    Ditto,
+    Fathom,
+    FedAmp,
+    FedAvg,
+    FedBN,
+    FedPer,
+    FedProto,
+    FedProx,
+    FedRep,
+    MethodStrategy,
+    Moon,
+    PerFedAvg,
+    PFedMe,
+    Scaffold,
+    message_strategy,
+)
 from app.registry import METHODS, Method
 from app.server_app import build_server_app
 from clients.app_data import AppDataError
@@ -25,13 +47,29 @@ from strategies.server import RoundServer
 
 __all__ = [
     "METHODS",
+    "Apfl",
     "AppDataError",
     "ClientData",
     "ConfigError",
+    "Diffusion",
+    "Ditto",
+    "Fathom",
+    "FedAmp",
+    "FedAvg",
+    "FedBN",
+    "FedPer",
+    "FedProto",
+    "FedProx",
+    "FedRep",
     "Method",
+    "MethodStrategy",
     "Model",
     "ModelCard",
+    "Moon",
+    "PFedMe",
+    "PerFedAvg",
     "RoundServer",
+    "Scaffold",
     "Settings",
     "SplitModel",
     "app_keys",
@@ -39,6 +77,7 @@ __all__ = [
     "build_model",
     "build_server_app",
     "card_of",
+    "message_strategy",
     "method",
     "parse_settings",
     "register_model",

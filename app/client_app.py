@@ -18,6 +18,7 @@ from flwr.common import Context
 
 from app import message_cost
 from app.config import ConfigError
+from app.message_client import BothApis, message_client_app
 from app.own_parts import DataFn, ModelFn, OwnParts
 from app.registry import METHODS
 from app.workdir import fab_root_of, serve_workers_from_the_fab
@@ -73,6 +74,8 @@ def build_client_app(
     """A Flower ``ClientApp`` that serves the stamen method named by the run config's ``strategy``.
 
     It is what stamen's own app runs (``app = build_client_app(allow_app_keys=False)``).
+    It answers both of Flower's APIs (:class:`app.message_client.BothApis`): a legacy
+    server's messages, and a Message API strategy's (``stamen.PerFedAvg`` and the others).
     Give ``model`` and ``model_name``/``model_card`` as given to
     :func:`app.server_app.build_server_app`, so that both sides build the same network.
 
@@ -101,7 +104,9 @@ def build_client_app(
     serve_workers_from_the_fab(fab_root_of(caller_file()))  # before Flower starts Ray: its workers import this run
     parts = OwnParts(model=model, model_name=model_name, model_card=model_card, allow_app_keys=allow_app_keys)
     load_app_data = None if data is None else AppData(data=data, keys=data_keys, size=cached_partitions)
-    return ClientApp(client_fn=client_function(parts, load_app_data), mods=message_cost.mods())
+    legacy = ClientApp(client_fn=client_function(parts, load_app_data), mods=message_cost.mods())
+    message = message_client_app(partial(node_client, parts=parts, load_app_data=load_app_data), message_cost.mods())
+    return BothApis(legacy=legacy, message=message)
 
 
 def caller_file() -> Path:
@@ -113,12 +118,12 @@ def client_function(parts: OwnParts, load_app_data: AppData | None = None) -> Ca
     """Flower's ``client_fn`` for an app's parts (:func:`build_client_app`)."""
 
     def client_fn(context: Context) -> Client:
-        return node_client(context, parts, load_app_data).to_client()
+        return node_client(context, parts=parts, load_app_data=load_app_data).to_client()
 
     return client_fn
 
 
-def node_client(context: Context, parts: OwnParts, load_app_data: AppData | None = None) -> NumPyClient:
+def node_client(context: Context, *, parts: OwnParts, load_app_data: AppData | None = None) -> NumPyClient:
     """The node's client; one that reports the reason instead, when it cannot be built.
 
     A failure here (a missing GPU, an unreadable data file, a node config without its

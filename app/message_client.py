@@ -1,13 +1,15 @@
-"""The Message API ClientApp: ``train``, ``evaluate`` and ``query`` handlers over stamen's clients.
+"""The ClientApp on Flower's Message API: ``train``, ``evaluate`` and ``query`` handlers over stamen's clients.
 
-:func:`build_message_client_app` is the entry point, with the arguments of
-:func:`app.client_app.build_client_app`. Each handler builds the node's client as the
-legacy ClientApp does (:func:`app.client_app.node_client`: its data, model and state
-across rounds in the node's ``Context``), reads the message's records
-(:mod:`strategies.message_codec`) and answers in records: a ``train`` reply carries the
-array sets the client returns (the model under ``"arrays"``, by the names it was sent),
-its numbers in ``"metrics"`` and its text in ``"reports"``; a ``query`` is the
-preflight, answered with the node's properties.
+Each handler builds the node's client as the legacy ClientApp does (``build``: its
+data, model and state across rounds in the node's ``Context``), reads the message's
+records (:mod:`strategies.message_codec`) and answers in records: a ``train`` reply
+carries the array sets the client returns (the model under ``"arrays"``, by the names
+it was sent), its numbers in ``"metrics"`` and its text in ``"reports"``; a ``query``
+is the preflight, answered with the node's properties.
+
+:class:`BothApis` is the ClientApp :func:`app.client_app.build_client_app` returns: it
+answers a legacy server (``api = "legacy"``) and a Message API one alike, by the
+message it receives, so a node serves either without knowing the run's choice.
 """
 
 from __future__ import annotations
@@ -17,48 +19,28 @@ from collections.abc import Callable
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
-from flwr.common import bytes_to_ndarray, ndarray_to_bytes
+from flwr.clientapp.typing import Mod
+from flwr.common import MessageTypeLegacy, bytes_to_ndarray, ndarray_to_bytes
 
-from app import message_cost
-from app.client_app import AppData, caller_file, node_client
-from app.own_parts import DataFn, ModelFn, OwnParts
-from app.workdir import fab_root_of, serve_workers_from_the_fab
-from strategies.contracts.models import ModelCard
 from strategies.grid_transport import PROPERTIES
 from strategies.message_codec import CONFIG_RECORD, read_instruction, reply
 
 Handler = Callable[[Message, Context], Message]
+BuildClient = Callable[[Context], NumPyClient]
+LEGACY_TYPES = (MessageTypeLegacy.GET_PROPERTIES, MessageTypeLegacy.GET_PARAMETERS)
+LEGACY_RECORDS = ("fitins.", "evaluateins.")  # flwr.compat's record names for a legacy instruction
 
 
-def build_message_client_app(
-    *,
-    model: ModelFn | None = None,
-    model_name: str = "",
-    model_card: ModelCard | None = None,
-    data: DataFn | None = None,
-    data_keys: tuple[str, str] | None = None,
-    allow_app_keys: bool = True,
-    cached_partitions: int = 16,
-) -> ClientApp:
-    """A Flower Message API ``ClientApp`` serving the stamen method named by the run config's ``strategy``.
-
-    The arguments are those of :func:`app.client_app.build_client_app` (the app's
-    network and data, as given to the server's strategy). Its ``train``, ``evaluate``
-    and ``query`` handlers answer a stamen Message API strategy (``stamen.PerFedAvg``
-    and the others, :mod:`app.message_methods`).
-    """
-    serve_workers_from_the_fab(fab_root_of(caller_file()))  # before Flower starts Ray: its workers import this run
-    parts = OwnParts(model=model, model_name=model_name, model_card=model_card, allow_app_keys=allow_app_keys)
-    load_app_data = None if data is None else AppData(data=data, keys=data_keys, size=cached_partitions)
-    app = ClientApp(mods=message_cost.mods())
-    build = lambda context: node_client(context, parts, load_app_data)  # noqa: E731
+def message_client_app(build: BuildClient, mods: list[Mod]) -> ClientApp:
+    """A Message API ClientApp whose handlers answer with the client ``build`` makes for the node."""
+    app = ClientApp(mods=mods)
     app.train()(handler(build, train))
     app.evaluate()(handler(build, evaluate))
     app.query()(handler(build, query))
     return app
 
 
-def handler(build: Callable[[Context], NumPyClient], answer: Callable[[NumPyClient, Message], RecordDict]) -> Handler:
+def handler(build: BuildClient, answer: Callable[[NumPyClient, Message], RecordDict]) -> Handler:
     """A Message API handler: the node's client built from its ``Context``, then ``answer``'s records as the reply."""
 
     def handle(message: Message, context: Context) -> Message:
@@ -89,4 +71,29 @@ def query(client: NumPyClient, message: Message) -> RecordDict:
     return RecordDict({PROPERTIES: ConfigRecord(client.get_properties(config))})
 
 
-app = build_message_client_app(allow_app_keys=False)
+def is_legacy(message: Message) -> bool:
+    """Whether ``message`` comes from Flower's legacy server (its types and record names), not the Message API."""
+    if message.metadata.message_type in LEGACY_TYPES:
+        return True
+    return message.has_content() and any(key.startswith(LEGACY_RECORDS) for key in message.content.keys())
+
+
+class BothApis(ClientApp):
+    """A ClientApp answering each message on the API it came in: ``legacy`` or ``message``.
+
+    Parameters
+    ----------
+    legacy
+        The ``client_fn`` ClientApp (Flower's legacy API).
+    message
+        The Message API ClientApp over the same clients (:func:`message_client_app`).
+
+    """
+
+    def __init__(self, *, legacy: ClientApp, message: ClientApp) -> None:
+        super().__init__()
+        self.legacy = legacy
+        self.message = message
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        return (self.legacy if is_legacy(message) else self.message)(message, context)

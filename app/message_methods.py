@@ -8,7 +8,9 @@ A ``flwr new`` app swaps Flower's ``FedAvg(...)`` for one of these and keeps its
 
 Each class is :class:`MethodStrategy` fixed to one registered method
 (:func:`message_strategy` builds it from the registry; the built-in ones have names
-here, exported by ``stamen``). Everything a run of the legacy path gets (the checks
+here, exported by ``stamen``); the app's ClientApp is ``stamen.build_client_app(...)``,
+whose handlers answer them. Stamen's own ServerApp runs them for ``api = "message"``
+(:func:`run_on_grid`). Everything a run of the legacy path gets (the checks
 before any work, the preflight, the results folder, checkpoints, resuming, the
 divergence stop) it gets here: both drive the same stamen strategy
 (:func:`app.server_app.run_strategy`).
@@ -20,13 +22,13 @@ from collections.abc import Mapping
 from functools import cache
 from typing import ClassVar
 
-from flwr.app import Context
-from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp import Grid
 
 from app.config import ConfigError
 from app.own_parts import ModelFn, OwnParts
 from app.registry import METHODS
 from app.server_app import refused, run_strategy
+from strategies.contracts.common import RunSettings
 from strategies.contracts.models import ModelCard
 from strategies.message_strategy import MessageStrategy
 
@@ -79,6 +81,22 @@ class MethodStrategy(MessageStrategy):
         super().__init__(strategy=strategy, num_rounds=rounds)
 
 
+def run_on_grid(grid: Grid, run_config: Mapping[str, object], parts: OwnParts) -> None:
+    """The run ``run_config`` names, on the Message API: its method's strategy started on ``grid``.
+
+    What :func:`app.server_app.build_server_app`'s ServerApp runs for ``api = "message"``.
+    """
+    try:
+        strategy_class = message_strategy(str(RunSettings.from_config(run_config).strategy))
+    except ConfigError as err:
+        refused(err, run_config, parts)
+        raise
+    strategy = strategy_class(run_config=run_config, model=parts.model, model_name=parts.model_name,
+                              model_card=parts.model_card, data_name=parts.data_name,
+                              allow_app_keys=parts.allow_app_keys)  # fmt: skip
+    strategy.start(grid=grid)
+
+
 @cache
 def message_strategy(name: str) -> type[MethodStrategy]:
     """The Message API strategy class of the registered method ``name`` (the ``strategy`` key's value).
@@ -95,37 +113,6 @@ def message_strategy(name: str) -> type[MethodStrategy]:
     doc = (f"stamen's ``{name}`` as a Flower Message API strategy (:class:`MethodStrategy`); the server's maths "
            f"is :class:`{legacy.__module__}.{legacy.__name__}`.")  # fmt: skip
     return type(legacy.__name__, (MethodStrategy,), {"method": name, "__doc__": doc, "__module__": __name__})
-
-
-def build_message_server_app(
-    *,
-    model: ModelFn | None = None,
-    model_name: str = "",
-    model_card: ModelCard | None = None,
-    data_name: str = "",
-    allow_app_keys: bool = True,
-) -> ServerApp:
-    """A Flower Message API ``ServerApp`` that runs the method named by the run config's ``strategy``.
-
-    The arguments are those of :func:`app.server_app.build_server_app`; its ``main``
-    builds the method's strategy from the run config and starts it on the grid.
-    """
-    app = ServerApp()
-
-    @app.main()
-    def main(grid: Grid, context: Context) -> None:
-        name = str(context.run_config.get("strategy", "perfedavg"))
-        try:
-            strategy_class = message_strategy(name)
-        except ConfigError as err:
-            refused(err, context.run_config, OwnParts(model_name=model_name, data_name=data_name))
-            raise
-        strategy = strategy_class(run_config=context.run_config, model=model, model_name=model_name,
-                                  model_card=model_card, data_name=data_name,
-                                  allow_app_keys=allow_app_keys)  # fmt: skip
-        strategy.start(grid=grid)
-
-    return app
 
 
 # the built-in methods by their class names (stamen.PerFedAvg, ...); a method added to the registry has its class
@@ -145,5 +132,3 @@ FedBN = message_strategy("fedbn")
 Moon = message_strategy("moon")
 FedAmp = message_strategy("fedamp")
 FedProto = message_strategy("fedproto")
-
-app = build_message_server_app(allow_app_keys=False)

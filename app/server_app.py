@@ -14,6 +14,8 @@ from flwr.common import Context, Parameters, ndarrays_to_parameters, parameters_
 from flwr.common.logger import log
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
+from flwr.server.compat import start_grid
+from flwr.serverapp import Grid
 
 from app.config import ConfigError, Settings, check_on_server, ignored_keys, ignored_keys_line
 from app.own_parts import ModelFn, OwnParts
@@ -90,7 +92,7 @@ def build_strategy(settings: Settings, **options: object) -> FederatedStrategy:
 # What may change when a run resumes: its length, where and how often it writes, where it computes.
 RESUMABLE_CHANGES = frozenset(
     {"num-server-rounds", "checkpoint-every", "resume-from", "results-dir", "run-name", "device", "num-threads",
-     "eval-every"}
+     "eval-every", "api"}
 )  # fmt: skip
 
 
@@ -190,7 +192,29 @@ def build_server_app(
     """
     parts = OwnParts(model=model, model_name=model_name, model_card=model_card, data_name=data_name,
                      allow_app_keys=allow_app_keys)  # fmt: skip
-    return ServerApp(server_fn=server_function(parts))
+    app = ServerApp()
+    app.main()(server_main(parts))
+    return app
+
+
+def server_main(parts: OwnParts) -> Callable[[Grid, Context], None]:
+    """The ServerApp's ``main``: the run on the API its ``api`` key names (the same records either way).
+
+    ``message``: the method's Message API strategy started on the grid
+    (:func:`app.message_methods.run_on_grid`); ``legacy``: Flower's legacy loop in
+    stamen's RoundServer (:func:`server_function`), as a ``server_fn`` ServerApp runs it.
+    """
+
+    def main(grid: Grid, context: Context) -> None:
+        if str(context.run_config.get("api", "")) == "message":
+            from app.message_methods import run_on_grid  # it imports this module, so it loads on first use
+
+            run_on_grid(grid, context.run_config, parts)
+            return
+        components = server_function(parts)(context)  # a bad api value is refused here, with the allowed ones
+        start_grid(grid=grid, server=components.server, config=components.config)
+
+    return main
 
 
 def server_function(parts: OwnParts) -> Callable[[Context], ServerAppComponents]:

@@ -19,7 +19,7 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
 
 from app.local.inprocess import served_run
 from app.local.message_grid import InProcessGrid, wired
-from app.message_client import app as message_client_app
+from app.client_app import app as stamen_client_app
 from app.message_methods import message_strategy
 from app.registry import METHODS
 from strategies.message_codec import (
@@ -136,7 +136,7 @@ class HostileGrid(InProcessGrid):
 def raising_on_partition_0(message, context):
     if message.metadata.message_type == "train" and int(context.node_config["partition-id"]) == 0:
         raise RuntimeError("this node's disk is full")
-    return message_client_app(message, context)
+    return stamen_client_app(message, context)
 
 
 def test_failures_are_the_messages_sent_less_the_usable_replies(tmp_path):

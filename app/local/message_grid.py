@@ -1,7 +1,7 @@
 """A Flower ``Grid`` whose nodes answer in this process: the Message API path without the transport.
 
 :class:`InProcessGrid` hands every message to a real Flower ``ClientApp`` (stamen's
-Message API one by default) with the node's ``Context``, as a simulated SuperNode
+own by default) with the node's ``Context``, as a simulated SuperNode
 does, and every message and reply goes through Flower's wire encoding (protobuf) both
 ways, so a record Flower could not send fails here too. With
 :func:`app.local.inprocess.served_run` (the legacy path, the same way) it lets a test
@@ -43,7 +43,7 @@ class InProcessGrid(Grid):
     num_clients
         The simulated SuperNodes.
     client_app
-        The ClientApp that answers; default: stamen's Message API one (``app.message_client.app``).
+        The ClientApp that answers; default: stamen's own (``app.client_app.app``, which answers both APIs).
 
     """
 
@@ -51,7 +51,7 @@ class InProcessGrid(Grid):
         self, *, run_config: Mapping[str, object], num_clients: int, client_app: ClientApp | None = None
     ) -> None:
         if client_app is None:
-            from app.message_client import app as client_app  # the default ClientApp builds its own; load it on use
+            from app.client_app import app as client_app  # importing it builds stamen's ClientApp: only when used
         self.client_app = client_app
         self.contexts = {NODE_BASE + partition: node_context(run_config, partition=partition, num_clients=num_clients)
                          for partition in range(num_clients)}  # fmt: skip

@@ -206,13 +206,19 @@ class TrainingSettings(KeyedSettings):
                                "size; by default such a client trains on min(b, n) examples per batch")  # fmt: skip
 
 
+FLOWER_APIS = ("message", "legacy")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExecutionSettings(KeyedSettings):
     """Where clients compute, and where and how often the run writes."""
 
     device: str = key("auto", "auto (CUDA when available), cpu or cuda", choices=DEVICES)
     num_threads: int = key(1, "torch threads per client process (0: torch's default)", at_least=0)
-    server_threads: int = key(64, "messages the server keeps in flight at once", at_least=1)
+    server_threads: int = key(64, "messages the server keeps in flight at once (the legacy API)", at_least=1)
+    api: str = key("legacy", "Flower's API for the run's messages: message (the Message API: one Message per node, "
+                   "every phase sent and awaited at once) or legacy (Strategy + NumPyClient, a thread per message); "
+                   "the same records either way (docs/own-app.md#flowers-message-api)", choices=FLOWER_APIS)
     results_dir: str = key("results", "results go to <results-dir>/<run-name>/ (a relative path: under ~/stamen/)")
     run_name: str = key("", "empty: <strategy>-<dataset>-<timestamp>; else one folder name under results-dir (no '/', "
                         "'\\', '.', '..'); a folder holding an earlier run is refused (continue it with resume-from)")
