@@ -13,7 +13,7 @@ whose handlers answer them. Stamen's own ServerApp runs them for ``api = "messag
 (:func:`run_on_grid`). Everything a run of the legacy path gets (the checks
 before any work, the preflight, the results folder, checkpoints, resuming, the
 divergence stop) it gets here: both drive the same stamen strategy
-(:func:`app.server_app.run_strategy`).
+(:func:`app.server_run.run_strategy`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from flwr.serverapp import Grid
 from app.config import ConfigError
 from app.own_parts import ModelFn, OwnParts
 from app.registry import METHODS
-from app.server_app import refused, run_strategy
+from app.server_run import refused, run_strategy
 from strategies.contracts.common import RunSettings
 from strategies.contracts.models import ModelCard
 from strategies.message_strategy import MessageStrategy

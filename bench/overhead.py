@@ -4,14 +4,16 @@ Per-FedAvg HF on B1's split of ``../shared/data/mnist-10k`` (50 users, a = 34), 
 batches of 40, 10 clients a round, no evaluation rounds (``fraction-evaluate = 0``):
 
 (a) Flower: ``flwr run`` through ``app.local.simulation.LocalSimulation``, exactly as
-    ``flwr run .`` runs it (50 SuperNodes, Ray backend); seconds per round are the
+    ``flwr run .`` runs it (50 SuperNodes, Ray backend), on each of Flower's APIs
+    (``api = "legacy"``: Strategy + NumPyClient, a thread per message; ``api = "message"``:
+    the Message API, each phase sent and awaited at once); seconds per round are the
     strategy's own ``round-seconds`` (configure_fit to the round's record);
 (b) plain loop: one process builds the 50 clients once from the same client classes
     and calls their ``fit`` with the strategy's own fit configs, then averages.
 
 Each case runs ``--warmup`` rounds that are not counted, then ``--rounds`` timed ones.
-Flower and the plain loop alternate, ``--repeats`` times; the ratio is taken per
-repeat and the median reported. The start-up cost (everything before round 1 and
+Flower on each API and the plain loop alternate, ``--repeats`` times; each ratio is
+taken per repeat and the median reported. The start-up cost (everything before round 1 and
 after the last round: SuperLink, Ray, preflight, shutdown) is reported apart. Peak
 memory is the largest sum, over the run's processes, of their proportional set size
 (PSS, shared pages divided among the processes sharing them), sampled every 0.2 s;
@@ -52,9 +54,12 @@ ACTORS = {  # name -> --federation-config resources: CPUs each ClientApp worker 
 }
 
 
-def run_config(case: str, rounds: int, results: str) -> dict:
+APIS = ("legacy", "message")
+
+
+def run_config(case: str, rounds: int, results: str, api: str = "legacy") -> dict:
     strategy, fraction = CASES[case]
-    return {
+    return {"api": api,
         "strategy": strategy, "dataset": "mnist", "data-dir": str(SHARED_DATA / "mnist-10k"),
         "partitioner": "perfedavg-paper", "images-per-class": IMAGES_PER_CLASS, "model": "mlp", "seed": 0,
         "num-server-rounds": rounds, "fraction-fit": fraction, "fraction-evaluate": 0.0, "aggregation": "uniform",
@@ -74,17 +79,19 @@ def null_app(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     pyproject = (REPO / "pyproject.toml").read_text()
     pyproject = pyproject.replace('clientapp = "app.client_app:app"', 'clientapp = "nullclient:app"')
-    pyproject = pyproject.replace('name = "stamen"', 'name = "stamen-null"').replace(
-        'packages = ["app", "strategies", "clients", "datasets"]', 'packages = ["nullclient.py"]'
-    )
+    pyproject = pyproject.replace('name = "stamen"', 'name = "stamen-null"')
+    start = pyproject.index("fab-include = ")  # the FAB holds the client module; stamen's folders come from PYTHONPATH
+    pyproject = pyproject[:start] + 'fab-include = ["nullclient.py"]' + pyproject[pyproject.index("\n", start):]
     (folder / "pyproject.toml").write_text(pyproject)
     (folder / "nullclient.py").write_text((REPO / "bench" / "null_app" / "nullclient.py").read_text())
     return folder
 
 
-def flower_case(case: str, federation: str, *, warmup: int, rounds: int, results: Path, app_dir: Path = REPO) -> dict:
-    config = run_config(case, warmup + rounds, str(results))
-    with local_simulation(app_dir=app_dir) as sim:
+def flower_case(case: str, federation: str, *, api: str, warmup: int, rounds: int, results: Path,
+                app_dir: Path = REPO) -> dict:  # fmt: skip
+    config = run_config(case, warmup + rounds, str(results), api)
+    # the null app imports stamen's folders by their short names: the clone goes on its processes' PYTHONPATH
+    with local_simulation(app_dir=app_dir, pythonpath=[] if app_dir == REPO else [REPO]) as sim:
         sampler = PeakSampler(str(sim.home))
         sampler.start()
         outcome = sim.run(run_config=config, num_supernodes=USERS, extra_federation=federation, timeout_s=3600)
@@ -106,7 +113,7 @@ def plain_loop(case: str, *, warmup: int, rounds: int) -> dict:
 
     from app.config import parse_settings
     from app.local.inprocess import build_clients
-    from app.server_app import build_strategy
+    from app.server_run import build_strategy
 
     started = time.perf_counter()
     settings = parse_settings(run_config(case, warmup + rounds, "/tmp"))
@@ -163,6 +170,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--cases", nargs="*", default=list(CASES))
+    parser.add_argument("--apis", nargs="*", default=list(APIS), choices=APIS, help="Flower's APIs to run (both)")
     parser.add_argument("--profile", action="store_true", help="cProfile the plain loop and exit")
     parser.add_argument("--plain-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -185,54 +193,60 @@ def main() -> None:
         for actor in actors:
             pairs = []
             for repeat in range(args.repeats):
-                flower = flower_case(case, ACTORS[actor], warmup=args.warmup, rounds=args.rounds, results=results)
+                flower = {api: flower_case(case, ACTORS[actor], api=api, warmup=args.warmup, rounds=args.rounds,
+                                           results=results) for api in args.apis}  # fmt: skip
                 plain = plain_case(case, warmup=args.warmup, rounds=args.rounds)
-                ratio = statistics.median(flower["round-seconds"]) / statistics.median(plain["round-seconds"])
-                pairs.append({"flower": flower, "plain": plain, "ratio": ratio})
-                print(
-                    f"{case:16s} {actor:40s} repeat {repeat}: flower {statistics.median(flower['round-seconds']):.3f}"
-                    f" s/round, plain {statistics.median(plain['round-seconds']):.3f} s/round, ratio {ratio:.2f}; "
-                    f"start-up {flower['startup-seconds']:.1f} s vs {plain['startup-seconds']:.1f} s",
-                    flush=True,
-                )
-            rows.append({
-                "case": case, "actors": actor, "federation-config": ACTORS[actor],
-                "ratio-median": statistics.median(p["ratio"] for p in pairs),
-                "flower-round-seconds": spread([s for p in pairs for s in p["flower"]["round-seconds"]]),
-                "plain-round-seconds": spread([s for p in pairs for s in p["plain"]["round-seconds"]]),
-                "flower-startup-seconds": statistics.median(p["flower"]["startup-seconds"] for p in pairs),
-                "plain-startup-seconds": statistics.median(p["plain"]["startup-seconds"] for p in pairs),
-                "flower-peak-pss-mib": max(p["flower"]["peak-pss-mib"] for p in pairs),
-                "flower-peak-rss-mib": max(p["flower"]["peak-rss-mib"] for p in pairs),
-                "plain-peak-rss-mib": max(p["plain"]["peak-rss-mib"] for p in pairs),
-                "pairs": pairs,
-            })  # fmt: skip
+                floor = statistics.median(plain["round-seconds"])
+                ratios = {api: statistics.median(f["round-seconds"]) / floor for api, f in flower.items()}
+                pairs.append({"flower": flower, "plain": plain, "ratio": ratios})
+                shown = ", ".join(f"{api} {statistics.median(f['round-seconds']):.3f} s/round (ratio {ratios[api]:.2f},"
+                                  f" start-up {f['startup-seconds']:.1f} s)" for api, f in flower.items())  # fmt: skip
+                print(f"{case:16s} {actor:40s} repeat {repeat}: {shown}; plain {floor:.3f} s/round", flush=True)
+            for api in args.apis:
+                runs = [p["flower"][api] for p in pairs]
+                rows.append({
+                    "case": case, "actors": actor, "api": api, "federation-config": ACTORS[actor],
+                    "ratio-median": statistics.median(p["ratio"][api] for p in pairs),
+                    "flower-round-seconds": spread([s for run in runs for s in run["round-seconds"]]),
+                    "plain-round-seconds": spread([s for p in pairs for s in p["plain"]["round-seconds"]]),
+                    "flower-startup-seconds": statistics.median(run["startup-seconds"] for run in runs),
+                    "plain-startup-seconds": statistics.median(p["plain"]["startup-seconds"] for p in pairs),
+                    "flower-peak-pss-mib": max(run["peak-pss-mib"] for run in runs),
+                    "flower-peak-rss-mib": max(run["peak-rss-mib"] for run in runs),
+                    "plain-peak-rss-mib": max(p["plain"]["peak-rss-mib"] for p in pairs),
+                    "final-train-loss": [run["final-train-loss"] for run in runs],
+                    "pairs": [{"flower": p["flower"][api], "plain": p["plain"], "ratio": p["ratio"][api]}
+                              for p in pairs],
+                })  # fmt: skip
             if case == cases[0] and args.quick:
                 break
     floors = {}
     for actor in actors:  # Flower's floor: the main case's rounds with no client work
-        floor = flower_case("perfedavg-hf-10", ACTORS[actor], warmup=args.warmup, rounds=args.rounds,
-                            results=results, app_dir=null_app(results / "null-app"))  # fmt: skip
-        floors[actor] = {"round-seconds": spread(floor["round-seconds"]), "startup-seconds": floor["startup-seconds"]}
-        print(f"floor (no client work) {actor}: {floors[actor]['round-seconds']['median']:.3f} s/round", flush=True)
+        for api in args.apis:
+            floor = flower_case("perfedavg-hf-10", ACTORS[actor], api=api, warmup=args.warmup, rounds=args.rounds,
+                                results=results, app_dir=null_app(results / "null-app"))  # fmt: skip
+            floors[f"{actor}, {api}"] = {"actors": actor, "api": api, "round-seconds": spread(floor["round-seconds"]),
+                                         "startup-seconds": floor["startup-seconds"]}  # fmt: skip
+            print(f"floor (no client work) {actor}, {api}: {statistics.median(floor['round-seconds']):.3f} s/round",
+                  flush=True)
         if args.quick:
             break
     payload = {"benchmark": "B4", "machine": machine(), "cpus": os.cpu_count(), "warmup": args.warmup,
                "rounds": args.rounds, "repeats": args.repeats, "rows": rows, "floor": floors}  # fmt: skip
-    lines = ["| case | Ray actors | Flower s/round (median [q1, q3]) | plain s/round | ratio | Flower start-up s | "
-             "plain start-up s | Flower peak PSS / RSS MiB | plain peak RSS MiB |",
-             "|---|---|---|---|---:|---:|---:|---|---:|"]  # fmt: skip
+    lines = ["| case | Ray actors | Flower API | Flower s/round (median [q1, q3]) | plain s/round | ratio | "
+             "Flower start-up s | plain start-up s | Flower peak PSS / RSS MiB | plain peak RSS MiB |",
+             "|---|---|---|---|---|---:|---:|---:|---|---:|"]  # fmt: skip
     for r in rows:
         f, p = r["flower-round-seconds"], r["plain-round-seconds"]
-        lines.append(f"| {r['case']} | {r['actors']} | {f['median']:.3f} [{f['q1']:.3f}, {f['q3']:.3f}] | "
+        lines.append(f"| {r['case']} | {r['actors']} | {r['api']} | {f['median']:.3f} [{f['q1']:.3f}, {f['q3']:.3f}] | "
                      f"{p['median']:.3f} [{p['q1']:.3f}, {p['q3']:.3f}] | {r['ratio-median']:.2f} | "
                      f"{r['flower-startup-seconds']:.1f} | {r['plain-startup-seconds']:.1f} | "
                      f"{r['flower-peak-pss-mib']:.0f} / {r['flower-peak-rss-mib']:.0f} | "
                      f"{r['plain-peak-rss-mib']:.0f} |")  # fmt: skip
-    lines += ["", "| Ray actors | Flower s/round with no client work (median [q1, q3]) |", "|---|---|"]
-    for actor, floor in floors.items():
+    lines += ["", "| Ray actors | Flower API | Flower s/round with no client work (median [q1, q3]) |", "|---|---|---|"]
+    for floor in floors.values():
         f = floor["round-seconds"]
-        lines.append(f"| {actor} | {f['median']:.3f} [{f['q1']:.3f}, {f['q3']:.3f}] |")
+        lines.append(f"| {floor['actors']} | {floor['api']} | {f['median']:.3f} [{f['q1']:.3f}, {f['q3']:.3f}] |")
     write_report(results_folder(args.quick) / "overhead.json", payload, "\n".join(lines) + "\n", stamped=False)
     print("\n".join(lines))
 

@@ -250,7 +250,7 @@ def chance_level(settings) -> float:
 def one_cell(cell: dict, rounds: int) -> dict:
     """One run; its accuracies, whether it ended non-finite or at chance, and the screen's rejections."""
     from app.local.inprocess import InProcessRun
-    from app.server_app import central_evaluator
+    from app.server_run import central_evaluator
 
     started = time.perf_counter()
     config = run_config(cell["dataset"], cell["aggregation"], seed=cell["seed"], rounds=rounds)

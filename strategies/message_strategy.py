@@ -67,7 +67,7 @@ class MessageStrategy(Strategy):
     Parameters
     ----------
     strategy
-        The stamen strategy it drives, built by ``app.server_app.run_strategy`` (its
+        The stamen strategy it drives, built by ``app.server_run.run_strategy`` (its
         settings, results folder and initial model), or continued from a checkpoint.
     num_rounds
         The rounds it has left to play (a resumed run's remaining rounds).

@@ -13,7 +13,7 @@ from helpers import K, diffusion_strategy, federation, settings_for
 from app.config import ConfigError, parse_settings
 from app.local.inprocess import InProcessProxy, build_clients
 from app.results import ResultWriter
-from app.server_app import build_strategy, checkpoint_to_resume
+from app.server_run import build_strategy, checkpoint_to_resume
 from strategies.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from strategies.recorder import NullRecorder
 from strategies.resume import ContinuedRun

@@ -26,7 +26,8 @@ from app.local.inprocess import InProcessRun
 from app.own_parts import OwnParts
 from app.registry import METHODS
 from app.results import ResultWriter, read_metrics, run_directory
-from app.server_app import build_strategy, checkpoint_to_resume, server_components, server_function
+from app.server_app import server_components, server_function
+from app.server_run import build_strategy, checkpoint_to_resume
 from strategies.checkpoint import CheckpointError, load_checkpoint
 
 CLIENTS = 4

@@ -17,9 +17,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.common import Parameters, ndarray_to_bytes
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
 
+from app.client_app import app as stamen_client_app
 from app.local.inprocess import served_run
 from app.local.message_grid import InProcessGrid, wired
-from app.client_app import app as stamen_client_app
 from app.message_methods import message_strategy
 from app.registry import METHODS
 from strategies.message_codec import (

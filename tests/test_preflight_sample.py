@@ -18,7 +18,7 @@ from flwr.server.client_manager import SimpleClientManager
 
 from app.local.inprocess import InProcessProxy
 from app.registry import METHODS
-from app.server_app import build_strategy
+from app.server_run import build_strategy
 from clients.models import build_model
 from datasets import load_client_data
 

@@ -10,7 +10,7 @@ from conftest import OK, regression_data, settings
 from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 
 from app.local.inprocess import InProcessRun
-from app.server_app import build_strategy
+from app.server_run import build_strategy
 from clients.models import build_model
 from clients.scaffold import CLIENT_CONTROL, ScaffoldClient
 from clients.state import ClientState

@@ -34,7 +34,8 @@ from flwr.server.client_proxy import ClientProxy
 from app.client_app import AppData, build_client
 from app.config import parse_settings
 from app.own_parts import OwnParts
-from app.server_app import build_strategy, server_fn, server_function
+from app.server_app import server_fn, server_function
+from app.server_run import build_strategy
 from clients.base import TorchClient
 from strategies.base import FederatedStrategy
 from strategies.contracts.settings import Settings

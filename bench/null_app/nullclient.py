@@ -1,6 +1,6 @@
-"""B4's floor: stamen's ClientApp with the training taken out (the message path alone).
+"""B4's floor: stamen's ClientApp with the training taken out (the message path alone), on both of Flower's APIs.
 
-``client_fn`` builds stamen's real client (settings, data, model, as every message
+Each message builds stamen's real client (settings, data, model, as every message
 does); ``fit`` returns the received parameters at once. A run of this app through
 Flower measures what a round costs with no client work: Flower's dispatch, polling
 and serialisation, plus stamen's per-message set-up and its strategy.
@@ -8,21 +8,26 @@ and serialisation, plus stamen's per-message set-up and its strategy.
 
 from __future__ import annotations
 
-from flwr.client import Client, ClientApp
+from flwr.client import Client, ClientApp, NumPyClient
 from flwr.common import Context
 
-from app.client_app import client_fn as stamen_client_fn
+from app.client_app import node_client
+from app.message_client import BothApis, message_client_app
+from app.own_parts import OwnParts
 
 
-def client_fn(context: Context) -> Client:
-    client = stamen_client_fn(context)
-    inner = client.numpy_client
+def null_client(context: Context) -> NumPyClient:
+    inner = node_client(context, parts=OwnParts(allow_app_keys=False))
 
     def fit(parameters: list, config: dict) -> tuple[list, int, dict]:
         return parameters, len(inner.train_y), {"train-loss": 0.0, "partition-id": inner.partition_id}
 
     inner.fit = fit
-    return client
+    return inner
 
 
-app = ClientApp(client_fn=client_fn)
+def client_fn(context: Context) -> Client:
+    return null_client(context).to_client()
+
+
+app = BothApis(legacy=ClientApp(client_fn=client_fn), message=message_client_app(null_client, []))
