@@ -79,7 +79,7 @@ class MessageStrategy(Strategy):
         self.num_rounds = num_rounds
         self.nodes: GridNodes | None = None
         self.parameters: Parameters | None = None  # the global model as the stamen strategy last gave it
-        self._asked: dict[int, ClientProxy] = {}  # node id -> proxy, for the messages of the phase in flight
+        self._sent: list[tuple[Message, ClientProxy]] = []  # the phase's messages (Flower sets their ids on sending)
         self._shadowed: set[str] = set()  # train_config keys already reported as set over stamen's own
         self.timeout = 3600.0  # seconds a phase waits for its replies (start's timeout)
         self._handed: ArrayRecord | None = None  # the global model as last handed to Flower's loop
@@ -232,7 +232,7 @@ class MessageStrategy(Strategy):
         extra = dict(config)
         if reserved := sorted(set(extra) & set(RESERVED)):
             raise ValueError(f"{kind}_config may not set {reserved}: stamen sets them per message")
-        self._asked = {}
+        self._sent = []
         messages = []
         for proxy, ins in instructions:
             if shadowed := sorted(k for k in extra if k in ins.config and k not in self._shadowed):
@@ -241,17 +241,21 @@ class MessageStrategy(Strategy):
             content = instruction(ins.parameters, {**ins.config, **extra}, self.strategy.sent_names)
             messages.append(Message(content=content, dst_node_id=proxy.node_id, message_type=kind,
                                     group_id=str(server_round)))  # fmt: skip
-            self._asked[proxy.node_id] = proxy
+            self._sent.append((messages[-1], proxy))
         return messages
 
     def _read(self, replies: Iterable[Message], *, fit: bool) -> tuple[list, list]:
         """The replies as the stamen strategy reads them, and the failures: errors, unreadable and missing replies."""
         results, failures, answered = [], [], set()
+        # a reply answers a message by its id: the SuperLink's own reply for a node it lost comes from the SuperLink
+        by_id = {sent.metadata.message_id: (sent.metadata.dst_node_id, proxy) for sent, proxy in self._sent}
+        by_node = {sent.metadata.dst_node_id: (sent.metadata.dst_node_id, proxy) for sent, proxy in self._sent}
         for message in replies:
-            proxy = self._asked.get(message.metadata.src_node_id)
-            if proxy is None or message.metadata.src_node_id in answered:  # a reply to no message of this phase
+            node_id, proxy = by_id.get(message.metadata.reply_to_message_id) or by_node.get(
+                message.metadata.src_node_id, (None, None))
+            if proxy is None or node_id in answered:  # a reply to no message of this phase, or a second one
                 continue
-            answered.add(message.metadata.src_node_id)
+            answered.add(node_id)
             if message.has_error():
                 failures.append(NodeError(CLIENT_ERROR.format(reason=message.error.reason), cid=proxy.cid))
                 continue
@@ -269,8 +273,9 @@ class MessageStrategy(Strategy):
             else:
                 loss = metrics.pop(LOSS, float("nan"))
                 results.append((proxy, EvaluateRes(OK, loss, num_examples, metrics)))
-        for node_id in sorted(set(self._asked) - answered):  # failures are the messages sent less the replies
-            failures.append(NoReplyError(f"{NO_REPLY} {self.timeout:g} s", cid=self._asked[node_id].cid))
+        for node_id, (_, proxy) in sorted(by_node.items()):  # failures are the messages sent less the replies
+            if node_id not in answered:
+                failures.append(NoReplyError(f"{NO_REPLY} {self.timeout:g} s", cid=proxy.cid))
         return results, failures
 
     def _arrays(self, parameters: Parameters | None) -> ArrayRecord:

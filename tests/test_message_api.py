@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.common import Parameters, ndarray_to_bytes
+from flwr.common import Error, Parameters, ndarray_to_bytes
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
 
 from app.client_app import app as stamen_client_app
@@ -108,7 +109,10 @@ def test_a_reply_carries_numbers_as_metrics_and_text_as_reports():
 
 
 class HostileGrid(InProcessGrid):
-    """Node 1 raises, node 2 stays silent, node 3 sends 1e30-sized arrays, node 4 renames its arrays (train only)."""
+    """In train: partition 1 is silent, 2 sends 1e30-sized arrays, 3 renames its arrays, 6 is lost (the SuperLink says).
+
+    (Partition 0's ClientApp raises: :func:`raising_on_partition_0`.)
+    """
 
     def push_messages(self, messages):
         self.dropped = []
@@ -122,6 +126,11 @@ class HostileGrid(InProcessGrid):
                 replies.append(answer)
             elif partition == 1:
                 continue  # silent: no reply comes back
+            elif partition == 6:  # as Flower's SuperLink answers for a node it lost: an error from itself
+                lost = Message(Error(code=0, reason="Node Unavailable"), reply_to=answer)
+                lost.metadata.__dict__.update(_src_node_id=SUPERLINK_NODE_ID,
+                                              _reply_to_message_id=answer.metadata.reply_to_message_id)
+                replies.append(lost)
             elif partition in (2, 3):
                 model = answer.content.array_records["arrays"]
                 arrays = {(f"x{k}" if partition == 3 else k): Array(a.numpy() * np.float32(1e30))
@@ -141,16 +150,17 @@ def raising_on_partition_0(message, context):
 
 def test_failures_are_the_messages_sent_less_the_usable_replies(tmp_path):
     config = config_of("fedavg", tmp_path, "hostile", **{"num-server-rounds": 1, "fraction-fit": 1.0})
-    grid = HostileGrid(run_config=config, num_clients=6, client_app=raising_on_partition_0)
+    grid = HostileGrid(run_config=config, num_clients=8, client_app=raising_on_partition_0)
     strategy = message_run(config, grid=grid)
     (record,) = records(tmp_path, "hostile")
-    assert record["clients-sampled"] == 6 and record["clients-succeeded"] == 2
-    assert record["clients-failed"] == 4 and record["clients-rejected"] == 1  # the 1e30 reply: screened out
+    assert record["clients-sampled"] == 8 and record["clients-succeeded"] == 3
+    assert record["clients-failed"] == 5 and record["clients-rejected"] == 1  # the 1e30 reply: screened out
     failures = " | ".join(record["fit-failures"])
     assert "this node's disk is full" in failures and "sent no reply within 3600 s" in failures
+    assert failures.count("sent no reply") == 1 and "Node Unavailable" in failures  # the lost node: its own cause
     assert "unreadable reply" in failures and "xlayers.1.weight" in failures  # renamed arrays are named, not averaged
     labels = " ".join(c for group in record["fit-failure-groups"] for c in group["clients"])
-    assert "partition 0" in labels and "partition 1" in labels  # each failure names its node
+    assert all(f"partition {p}" in labels for p in (0, 1, 3, 6))  # each failure names its node
     model = strategy.global_arrays
     assert all(np.all(np.isfinite(a.numpy())) and np.abs(a.numpy()).max() < 1e3 for a in model.values())
 
@@ -224,3 +234,15 @@ def test_metrics_in_flowers_result_are_numbers(tmp_path):
     assert sorted(result.train_metrics_clientapp) == [1, 2] and sorted(result.evaluate_metrics_clientapp) == [1, 2]
     assert result.evaluate_metrics_serverapp[2]["n"] == len(strategy.global_arrays)
     assert list(result.arrays.keys()) == list(strategy.global_arrays.keys())
+
+
+def test_every_method_is_a_flower_message_api_strategy_in_the_public_surface():
+    from flwr.serverapp.strategy import Strategy
+
+    import app.api
+
+    for name, method in METHODS.items():
+        strategy_class = message_strategy(name)
+        assert strategy_class.__name__ == method.strategy.__name__ and strategy_class.method == name
+        assert issubclass(strategy_class, Strategy) and strategy_class.__name__ in app.api.__all__
+        assert getattr(app.api, strategy_class.__name__) is strategy_class

@@ -1,0 +1,42 @@
+"""``examples/message-app``: Flower's PyTorch template shape with a stamen strategy, run from a copy outside the clone.
+
+The app imports the installed ``stamen`` (CI installs it with the test extras), as an
+app made by ``flwr new`` would; its ServerApp is the template's ``@app.main()`` with
+``stamen.PerFedAvg(...)`` where the template builds ``FedAvg(...)``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from app.local.simulation import LocalSimulation
+from tests.conftest import REPO, shared_dataset
+
+EXAMPLE = REPO / "examples" / "message-app"
+
+
+@pytest.mark.e2e
+def test_the_template_shaped_app_runs_perfedavg_and_its_summary_names_the_apps_model(tmp_path):
+    data_dir = shared_dataset("cifar10-jpeg")
+    assert importlib.util.find_spec("flwr_datasets"), "flwr-datasets is in the test extras: pip install '.[test]'"
+    installed = importlib.util.find_spec("stamen")
+    assert installed and "PerFedAvg" in Path(installed.origin).read_text(), (
+        "the example imports the installed stamen: pip install . (again, after changing the clone)")
+    copy = tmp_path / "message-app"
+    shutil.copytree(EXAMPLE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    config = {"num-server-rounds": 2, "data-dir": str(data_dir), "max-per-class": 20, "fraction-train": 1.0,
+              "results-dir": str(tmp_path / "results"), "run-name": "template"}  # fmt: skip
+    with LocalSimulation(app_dir=copy, workdir=tmp_path) as sim:
+        outcome = sim.run(run_config=config, num_supernodes=4, timeout_s=600)
+    assert outcome.ok, outcome.log_tail
+    assert "[round 1/2]" in outcome.log and "[round 2/2]" in outcome.log, outcome.log_tail
+    summary = json.loads((tmp_path / "results" / "template" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["settings"]["strategy"] == "perfedavg"
+    assert summary["settings"]["model"] == "Net" and summary["settings"]["app"]["data"] == "imagefolder-iid"
+    assert summary["settings"]["api"] == "message" and summary["final"]["eval-clients"] == 4
+    assert (tmp_path / "final_model.pt").stat().st_size > 1000  # the template's last step, from Flower's Result
