@@ -36,7 +36,7 @@ from app.message_methods import (
     Scaffold,
     message_strategy,
 )
-from app.registry import METHODS, Method
+from app.registry import METHODS, Method, method_named
 from app.server_app import build_server_app
 from clients.app_data import AppDataError
 from clients.models import Model, SplitModel, build_model, card_of, register_model, split_at
@@ -94,6 +94,4 @@ def method(name: str) -> Method:
         For a name no method has, listing those that exist.
 
     """
-    if name not in METHODS:
-        raise ConfigError(f"run config key 'strategy': {name!r} is not a method; choose one of {list(METHODS)}")
-    return METHODS[name]
+    return method_named(name)

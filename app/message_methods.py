@@ -26,7 +26,7 @@ from flwr.serverapp import Grid
 
 from app.config import ConfigError
 from app.own_parts import ModelFn, OwnParts
-from app.registry import METHODS
+from app.registry import method_named
 from app.server_run import refused, run_strategy
 from strategies.contracts.common import RunSettings
 from strategies.contracts.models import ModelCard
@@ -107,9 +107,7 @@ def message_strategy(name: str) -> type[MethodStrategy]:
         For a name no method has, listing those that exist.
 
     """
-    if name not in METHODS:
-        raise ConfigError(f"run config key 'strategy': {name!r} is not a method; choose one of {list(METHODS)}")
-    legacy = METHODS[name].strategy
+    legacy = method_named(name).strategy
     doc = (f"stamen's ``{name}`` as a Flower Message API strategy (:class:`MethodStrategy`); the server's maths "
            f"is :class:`{legacy.__module__}.{legacy.__name__}`.")  # fmt: skip
     return type(legacy.__name__, (MethodStrategy,), {"method": name, "__doc__": doc, "__module__": __name__})

@@ -23,6 +23,7 @@ from clients.scaffold import ScaffoldClient
 from strategies.apfl import Apfl
 from strategies.base import FederatedStrategy
 from strategies.contracts.contract import Contract
+from strategies.contracts.keys import ConfigError
 from strategies.diffusion import Diffusion
 from strategies.ditto import Ditto
 from strategies.fathom import Fathom
@@ -94,3 +95,17 @@ METHODS = by_name(
     Method(FedProto, FedProtoClient),
 )
 CONTRACTS = {name: method.contract for name, method in METHODS.items()}
+
+
+def method_named(name: str) -> Method:
+    """The registered method ``name`` (the ``strategy`` key's value): its ``strategy`` and ``client`` classes, ``keys``.
+
+    Raises
+    ------
+    ConfigError
+        For a name no method has, listing those that exist.
+
+    """
+    if name not in METHODS:
+        raise ConfigError(f"run config key 'strategy': {name!r} is not a method; choose one of {list(METHODS)}")
+    return METHODS[name]

@@ -1,4 +1,7 @@
-"""Flower's ``Strategy`` API, implemented once for every stamen method: messages out, replies in, hooks called.
+"""Flower's legacy ``Strategy`` API, implemented once for every stamen method: messages out, replies in, hooks called.
+
+The Message API adapter (:mod:`strategies.message_strategy`) drives these same methods,
+turning their instructions into Messages and the replies back.
 
 :class:`FlowerApi` is the part of :class:`strategies.base.FederatedStrategy` that Flower
 calls: the preflight before round 1, the fit and evaluate instructions (the model a
