@@ -177,21 +177,6 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, RunWatch, Strategy):
         """The names of the model's arrays that travel (``()`` where the layout names none)."""
         return tuple(self.layout.names[i] for i in self.shared) if self.layout.names else ()
 
-    def adopt_model(self, model: list[np.ndarray]) -> Parameters:
-        """Make ``model`` (every array, in ``state_dict`` order) the global model; its parameters.
-
-        Raises
-        ------
-        ValueError
-            If its shapes or dtypes are not the run's model's.
-
-        """
-        if [(a.shape, a.dtype) for a in model] != [(a.shape, a.dtype) for a in self.global_model]:
-            raise ValueError(f"{self.name}: a global model must have the run model's {len(self.global_model)} "
-                             "arrays, shapes and dtypes")  # fmt: skip
-        self._use_model(list(model))
-        return self.global_parameters
-
     @property
     def num_rounds(self) -> int:
         return self.settings.run.num_server_rounds

@@ -9,7 +9,7 @@ measured from (:mod:`strategies.update_screen`).
 from __future__ import annotations
 
 import numpy as np
-from flwr.common import ndarrays_to_parameters
+from flwr.common import Parameters, ndarrays_to_parameters
 
 from strategies.contracts.models import ModelLayout
 
@@ -44,6 +44,21 @@ class GlobalModelPart:
         self.global_model = model
         self.global_shared = self._shared_part(model)
         self.global_parameters = ndarrays_to_parameters(model)
+
+    def adopt_model(self, model: list[np.ndarray]) -> Parameters:
+        """Make ``model`` (every array, in ``state_dict`` order) the global model; its parameters.
+
+        Raises
+        ------
+        ValueError
+            If its shapes or dtypes are not the run's model's.
+
+        """
+        if [(a.shape, a.dtype) for a in model] != [(a.shape, a.dtype) for a in self.global_model]:
+            raise ValueError(f"{type(self).__name__}: a global model must have the run model's "
+                             f"{len(self.global_model)} arrays, shapes and dtypes")  # fmt: skip
+        self._use_model(list(model))
+        return self.global_parameters
 
     def _use_shared(self, shared: list[np.ndarray]) -> None:
         """Make ``shared`` the global model's shared arrays; its personal ones keep their values."""
