@@ -57,7 +57,3 @@ class GridNodes(SimpleClientManager):
                 return False
             time.sleep(POLL_S)
         return True
-
-    def node_of(self, cid: str) -> QueryNode:
-        """The node registered under ``cid``."""
-        return self.clients[cid]

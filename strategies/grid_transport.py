@@ -15,6 +15,7 @@ changes both, here.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
@@ -40,20 +41,37 @@ CLIENT_RAISED = re.compile(
 )
 
 
-class NodeError(ValueError):
-    """A node's reply that carries an error or cannot be read; ``cid`` names the node (its failure's label)."""
+class NodeFailureError(Exception):
+    """A node's failure; ``cid`` names the node (its failure's label, ``ReplyScreen``)."""
 
     def __init__(self, text: str, *, cid: str) -> None:
         super().__init__(text)
         self.cid = cid
 
 
-class NoReplyError(TimeoutError):
-    """A message no reply came back for within the phase's timeout; ``cid`` names the node."""
+class NodeError(NodeFailureError, ValueError):
+    """A node's reply that carries an error or cannot be read."""
 
-    def __init__(self, text: str, *, cid: str) -> None:
-        super().__init__(text)
-        self.cid = cid
+
+class NoReplyError(NodeFailureError, TimeoutError):
+    """A message no reply came back for within the phase's timeout."""
+
+
+def replies_by_node(sent: list[Message], received: Iterable[Message]) -> dict[int, Message]:
+    """Each sent message's destination -> the first reply to it.
+
+    A reply answers a message by its id (``reply_to_message_id``, set when Flower sent the
+    message): the SuperLink's own reply for a node it lost comes from the SuperLink's node
+    id, not the node's. A reply to no sent message is left out.
+    """
+    asked = {message.metadata.dst_node_id for message in sent}
+    by_id = {m.metadata.message_id: m.metadata.dst_node_id for m in sent if m.metadata.message_id}  # ids once sent
+    replies: dict[int, Message] = {}
+    for reply in received:
+        node = by_id.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+        if node in asked:
+            replies.setdefault(node, reply)
+    return replies
 
 
 def client_error(text: str) -> tuple[str, str] | None:
@@ -156,8 +174,7 @@ def _ask_at_once(
     the Message API path the question is a ``query`` message.
     """
     messages = [_question(proxy, config, reply_s) for proxy in proxies]
-    received = proxies[0].grid.send_and_receive(messages, timeout=reply_s)
-    replies = {reply.metadata.src_node_id: reply for reply in received}
+    replies = replies_by_node(messages, proxies[0].grid.send_and_receive(messages, timeout=reply_s))
     answers: list[dict[str, Scalar] | Exception] = []
     for proxy in proxies:
         reply = replies.get(proxy.node_id)

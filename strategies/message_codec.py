@@ -25,6 +25,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.common import Parameters, Scalar
 
 from strategies.contracts.payload import LAYOUT, MODEL, parse_layout
+from strategies.screening import is_real_number
 
 MODEL_RECORD = "arrays"  # Flower's key for the model in its templates and strategies
 CONFIG_RECORD, METRICS_RECORD, REPORTS_RECORD = "config", "metrics", "reports"
@@ -32,11 +33,10 @@ NUM_EXAMPLES, LOSS = "num-examples", "loss"  # Flower's key for the example coun
 STYPE = "numpy.ndarray"  # the serialisation both paths use (flwr.common.ndarray_to_bytes)
 
 
-NUMBERS = (int, float, np.integer, np.floating)
-
-
-def _number(value: object) -> int | float:
-    return int(value) if isinstance(value, int | np.integer) else float(value)
+def numbers_of(metrics: Mapping[str, object]) -> dict[str, int | float]:
+    """The numeric values of ``metrics`` (what a MetricRecord may hold: no bools, no text), as Python numbers."""
+    return {k: int(v) if isinstance(v, int | np.integer) else float(v)
+            for k, v in metrics.items() if is_real_number(v)}  # fmt: skip
 
 
 class MessageFormatError(ValueError):
@@ -116,7 +116,7 @@ def reply(tensors: Sequence[bytes], num_examples: int, metrics: Mapping[str, Sca
     """
     if clash := sorted({NUM_EXAMPLES, LOSS} & set(metrics)):
         raise MessageFormatError(f"a client's metrics may not use the reply's own keys {clash}")
-    numbers = {k: _number(v) for k, v in metrics.items() if isinstance(v, NUMBERS) and not isinstance(v, bool)}
+    numbers = numbers_of(metrics)
     text = {k: v for k, v in metrics.items() if k not in numbers and k != LAYOUT}
     numbers[NUM_EXAMPLES] = int(num_examples)
     if loss is not None:

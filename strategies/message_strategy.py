@@ -30,8 +30,16 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from strategies.grid_nodes import GridNodes
-from strategies.grid_transport import CLIENT_ERROR, NO_REPLY, NodeError, NoReplyError
-from strategies.message_codec import LOSS, MessageFormatError, array_records, instruction, read_reply
+from strategies.grid_transport import CLIENT_ERROR, NO_REPLY, NodeError, NoReplyError, replies_by_node
+from strategies.message_codec import (
+    LOSS,
+    MODEL_RECORD,
+    MessageFormatError,
+    array_records,
+    instruction,
+    numbers_of,
+    read_reply,
+)
 from strategies.run_watch import RunDivergedError
 
 OK = Status(code=Code.OK, message="")
@@ -105,9 +113,7 @@ class MessageStrategy(Strategy):
         global model first. Keys of ``config`` travel too; one that stamen also sends
         overrides stamen's value and is logged once (the round's record keeps stamen's).
         """
-        nodes = self._nodes(grid)
-        if self.parameters is None:
-            self.parameters = self.strategy.initialize_parameters(nodes)
+        nodes = self._started(grid)
         if arrays is not self._handed and len(arrays) and not _same(arrays, self._arrays(self.parameters)):
             log(INFO, "stamen: round %s starts from the arrays given to configure_train, not the model stamen holds",
                 server_round)  # fmt: skip
@@ -189,8 +195,7 @@ class MessageStrategy(Strategy):
         self.timeout = timeout
         result = Result()
         try:
-            if self.parameters is None:
-                self.parameters = self.strategy.initialize_parameters(self._nodes(grid))
+            self._started(grid)
             arrays = self._handed = self._arrays(self.parameters)
             if initial_arrays is not None:
                 _check_like(initial_arrays, arrays)
@@ -228,6 +233,13 @@ class MessageStrategy(Strategy):
             self.nodes = GridNodes(grid=grid)
         return self.nodes
 
+    def _started(self, grid: Grid) -> GridNodes:
+        """The grid's nodes, the run started on them first if it was not (the preflight, the method's start)."""
+        nodes = self._nodes(grid)
+        if self.parameters is None:
+            self.parameters = self.strategy.initialize_parameters(nodes)
+        return nodes
+
     def _messages(self, server_round: int, instructions: list, config: ConfigRecord, kind: str) -> list[Message]:
         extra = dict(config)
         if reserved := sorted(set(extra) & set(RESERVED)):
@@ -246,21 +258,18 @@ class MessageStrategy(Strategy):
 
     def _read(self, replies: Iterable[Message], *, fit: bool) -> tuple[list, list]:
         """The replies as the stamen strategy reads them, and the failures: errors, unreadable and missing replies."""
-        results, failures, answered = [], [], set()
-        # a reply answers a message by its id: the SuperLink's own reply for a node it lost comes from the SuperLink
-        by_id = {sent.metadata.message_id: (sent.metadata.dst_node_id, proxy) for sent, proxy in self._sent}
-        by_node = {sent.metadata.dst_node_id: (sent.metadata.dst_node_id, proxy) for sent, proxy in self._sent}
-        for message in replies:
-            node_id, proxy = by_id.get(message.metadata.reply_to_message_id) or by_node.get(
-                message.metadata.src_node_id, (None, None))
-            if proxy is None or node_id in answered:  # a reply to no message of this phase, or a second one
+        results, failures = [], []
+        answers = replies_by_node([message for message, _ in self._sent], replies)
+        for message, proxy in self._sent:  # failures are the messages sent less the usable replies
+            answer = answers.get(message.metadata.dst_node_id)
+            if answer is None:
+                failures.append(NoReplyError(f"{NO_REPLY} {self.timeout:g} s", cid=proxy.cid))
                 continue
-            answered.add(node_id)
-            if message.has_error():
-                failures.append(NodeError(CLIENT_ERROR.format(reason=message.error.reason), cid=proxy.cid))
+            if answer.has_error():
+                failures.append(NodeError(CLIENT_ERROR.format(reason=answer.error.reason), cid=proxy.cid))
                 continue
             try:
-                tensors, num_examples, metrics, names = read_reply(message.content)
+                tensors, num_examples, metrics, names = read_reply(answer.content)
                 if fit and names and list(names) != list(self.strategy.sent_names or names):
                     raise MessageFormatError(f"the reply's arrays are named {names[:4]}..., the server sent "
                                              f"{list(self.strategy.sent_names)[:4]}...")  # fmt: skip
@@ -273,22 +282,18 @@ class MessageStrategy(Strategy):
             else:
                 loss = metrics.pop(LOSS, float("nan"))
                 results.append((proxy, EvaluateRes(OK, loss, num_examples, metrics)))
-        for node_id, (_, proxy) in sorted(by_node.items()):  # failures are the messages sent less the replies
-            if node_id not in answered:
-                failures.append(NoReplyError(f"{NO_REPLY} {self.timeout:g} s", cid=proxy.cid))
         return results, failures
 
     def _arrays(self, parameters: Parameters | None) -> ArrayRecord:
         """The whole global model as one ArrayRecord keyed by its ``state_dict`` names."""
         if parameters is None:
             return ArrayRecord()
-        records = array_records(parameters.tensors, None, self.strategy.model_names)
-        return records["arrays"]
+        return array_records(parameters.tensors, None, self.strategy.model_names)[MODEL_RECORD]
 
 
 def _metric_record(metrics: dict[str, Scalar]) -> MetricRecord:
     """The numeric values of ``metrics`` (Flower's MetricRecord holds only numbers)."""
-    return MetricRecord({k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)})
+    return MetricRecord(numbers_of(metrics))
 
 
 def _same(first: ArrayRecord, second: ArrayRecord) -> bool:

@@ -23,6 +23,7 @@ from app.local.inprocess import served_run
 from app.local.message_grid import InProcessGrid, wired
 from app.message_methods import message_strategy
 from app.registry import METHODS
+from strategies.grid_transport import QueryNode, ask_properties
 from strategies.message_codec import (
     MessageFormatError,
     instruction,
@@ -246,3 +247,26 @@ def test_every_method_is_a_flower_message_api_strategy_in_the_public_surface():
         assert strategy_class.__name__ == method.strategy.__name__ and strategy_class.method == name
         assert issubclass(strategy_class, Strategy) and strategy_class.__name__ in app.api.__all__
         assert getattr(app.api, strategy_class.__name__) is strategy_class
+
+
+class LostNodeGrid(InProcessGrid):
+    """Every reply to partition 1 is the SuperLink's own: the node is lost (Flower's ``Node Unavailable``)."""
+
+    def pull_messages(self, message_ids):
+        replies = []
+        for answer in super().pull_messages(message_ids):
+            if answer.metadata.src_node_id - min(self.contexts) == 1:
+                lost = Message(Error(code=0, reason="Node Unavailable"), reply_to=answer)
+                lost.metadata.__dict__.update(_src_node_id=SUPERLINK_NODE_ID,
+                                              _reply_to_message_id=answer.metadata.reply_to_message_id)
+                answer = lost
+            replies.append(answer)
+        return replies
+
+
+def test_the_preflight_reads_the_superlinks_reply_for_a_lost_node_as_that_nodes_failure(tmp_path):
+    grid = LostNodeGrid(run_config=config_of("fedavg", tmp_path, "lost"), num_clients=3)
+    nodes = [QueryNode(node_id=node_id, grid=grid) for node_id in grid.get_node_ids()]
+    first, lost, third = ask_properties(nodes, {}, 30)
+    assert first["partition-id"] == 0 and third["partition-id"] == 2
+    assert isinstance(lost, ValueError) and "Node Unavailable" in str(lost)  # not "sent no reply": it did not wait
