@@ -18,6 +18,7 @@ from app.config import ConfigError
 from app.message_methods import run_on_grid
 from app.own_parts import ModelFn, OwnParts
 from app.server_run import refused, run_strategy
+from strategies.contracts.common import DEFAULT_API
 from strategies.contracts.models import ModelCard
 from strategies.server import RoundServer
 
@@ -72,7 +73,7 @@ def server_main(parts: OwnParts) -> Callable[[Grid, Context], None]:
     """
 
     def main(grid: Grid, context: Context) -> None:
-        if str(context.run_config.get("api", "")) == "message":
+        if str(context.run_config.get("api", DEFAULT_API)) == "message":
             run_on_grid(grid, context.run_config, parts)
             return
         components = server_function(parts)(context)  # a bad api value is refused here, with the allowed ones

@@ -227,3 +227,20 @@ def summaries_written(results: Path, names: Iterable[str]) -> Callable[[], bool]
     """
     names = list(names)
     return lambda: all((results / name / "summary.json").exists() for name in names)
+
+
+def example_copy(name: str, to: Path, *, public_name: str) -> Path:
+    """``examples/<name>`` copied into ``to`` (outside the clone), after checking what it imports is installed.
+
+    The example imports the installed ``stamen`` (``public_name`` must be in it) and
+    flwr-datasets, as an outside app would.
+    """
+    import importlib.util
+
+    assert importlib.util.find_spec("flwr_datasets"), "flwr-datasets is in the test extras: pip install '.[test]'"
+    installed = importlib.util.find_spec("stamen")
+    assert installed and public_name in Path(installed.origin).read_text(), (
+        "the example imports the installed stamen: pip install . (again, after changing the clone)")
+    copy = to / name
+    shutil.copytree(REPO / "examples" / name, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy

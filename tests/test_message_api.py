@@ -270,3 +270,16 @@ def test_the_preflight_reads_the_superlinks_reply_for_a_lost_node_as_that_nodes_
     first, lost, third = ask_properties(nodes, {}, 30)
     assert first["partition-id"] == 0 and third["partition-id"] == 2
     assert isinstance(lost, ValueError) and "Node Unavailable" in str(lost)  # not "sent no reply": it did not wait
+
+
+def test_a_run_config_without_the_api_key_runs_on_the_declared_default(monkeypatch):
+    from flwr.app import Context, RecordDict
+
+    import app.server_app
+    from app.own_parts import OwnParts
+
+    ran = []
+    monkeypatch.setattr(app.server_app, "run_on_grid", lambda grid, run_config, parts: ran.append(dict(run_config)))
+    main = app.server_app.server_main(OwnParts())
+    main(None, Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={"strategy": "fedavg"}))
+    assert ran == [{"strategy": "fedavg"}]  # an app whose pyproject lacks `api` gets the Message API, the default

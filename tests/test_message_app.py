@@ -7,28 +7,19 @@ app made by ``flwr new`` would; its ServerApp is the template's ``@app.main()`` 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import shutil
-from pathlib import Path
 
 import pytest
+from helpers import example_copy
 
 from app.local.simulation import LocalSimulation
-from tests.conftest import REPO, shared_dataset
-
-EXAMPLE = REPO / "examples" / "message-app"
+from tests.conftest import shared_dataset
 
 
 @pytest.mark.e2e
 def test_the_template_shaped_app_runs_perfedavg_and_its_summary_names_the_apps_model(tmp_path):
     data_dir = shared_dataset("cifar10-jpeg")
-    assert importlib.util.find_spec("flwr_datasets"), "flwr-datasets is in the test extras: pip install '.[test]'"
-    installed = importlib.util.find_spec("stamen")
-    assert installed and "PerFedAvg" in Path(installed.origin).read_text(), (
-        "the example imports the installed stamen: pip install . (again, after changing the clone)")
-    copy = tmp_path / "message-app"
-    shutil.copytree(EXAMPLE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    copy = example_copy("message-app", tmp_path, public_name="PerFedAvg")
     config = {"num-server-rounds": 2, "data-dir": str(data_dir), "max-per-class": 20, "fraction-train": 1.0,
               "results-dir": str(tmp_path / "results"), "run-name": "template"}  # fmt: skip
     with LocalSimulation(app_dir=copy, workdir=tmp_path) as sim:

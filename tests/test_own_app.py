@@ -7,10 +7,7 @@ installed ``stamen`` (CI installs it with the test extras); the rest runs in-pro
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +15,7 @@ import torch
 from flwr.common import Context, RecordDict
 from flwr.server import Server
 from flwr.server.client_manager import SimpleClientManager
+from helpers import example_copy
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import DataLoader, TensorDataset
@@ -272,12 +270,7 @@ def test_every_method_runs_from_the_registry_it_is_documented_by():
 def test_the_example_app_runs_moon_and_fedproto_on_its_plain_network_from_a_copy_outside_the_clone(tmp_path):
     # its Net is Flower's quickstart CNN, an nn.Module with its own forward; the apps name its head with split_at
     data_dir = shared_dataset("cifar10-jpeg")
-    assert importlib.util.find_spec("flwr_datasets"), "flwr-datasets is in the test extras: pip install '.[test]'"
-    installed = importlib.util.find_spec("stamen")
-    assert installed and "build_server_app" in Path(installed.origin).read_text(), (
-        "the example imports the installed stamen: pip install . (again, after changing the clone)")
-    copy = tmp_path / "own-app"
-    shutil.copytree(EXAMPLE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    copy = example_copy("own-app", tmp_path, public_name="build_server_app")
     runs = {name: {"strategy": name, "num-server-rounds": 2, "data-dir": str(data_dir), "max-per-class": 40,
                    "dirichlet-alpha": 0.5, "results-dir": str(tmp_path / "results"), "run-name": name}
             for name in ("moon", "fedproto")}  # fmt: skip

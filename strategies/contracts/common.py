@@ -207,6 +207,7 @@ class TrainingSettings(KeyedSettings):
 
 
 FLOWER_APIS = ("message", "legacy")
+DEFAULT_API = "message"  # the api of a run config that does not name one (an app whose pyproject lacks the key)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,7 +217,7 @@ class ExecutionSettings(KeyedSettings):
     device: str = key("auto", "auto (CUDA when available), cpu or cuda", choices=DEVICES)
     num_threads: int = key(1, "torch threads per client process (0: torch's default)", at_least=0)
     server_threads: int = key(64, "messages the server keeps in flight at once (the legacy API)", at_least=1)
-    api: str = key("message", "Flower's API for the run's messages: message (the Message API: one Message per node, "
+    api: str = key(DEFAULT_API, "Flower's API for the run's messages: message (the Message API: one Message per node, "
                    "every phase sent and awaited at once) or legacy (Strategy + NumPyClient, a thread per message); "
                    "the same records either way (docs/own-app.md#flowers-message-api)", choices=FLOWER_APIS)
     results_dir: str = key("results", "results go to <results-dir>/<run-name>/ (a relative path: under ~/stamen/)")
