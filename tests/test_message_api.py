@@ -283,3 +283,13 @@ def test_a_run_config_without_the_api_key_runs_on_the_declared_default(monkeypat
     main = app.server_app.server_main(OwnParts())
     main(None, Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={"strategy": "fedavg"}))
     assert ran == [{"strategy": "fedavg"}]  # an app whose pyproject lacks `api` gets the Message API, the default
+
+
+def test_a_train_config_may_not_set_what_stamen_sets_per_message(tmp_path):
+    config = config_of("fedavg", tmp_path, "reserved", **{"num-server-rounds": 1})
+    strategy = message_strategy("fedavg")(run_config=config)
+    with pytest.raises(ValueError, match=r"train_config may not set \['partition-id'\]"):
+        strategy.start(grid=InProcessGrid(run_config=config, num_clients=CLIENTS),
+                       train_config=ConfigRecord({"partition-id": 3}))  # fmt: skip
+    summary = json.loads((tmp_path / "reserved" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "partition-id" in summary["reason"]
