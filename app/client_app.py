@@ -18,7 +18,7 @@ from flwr.common import Context
 
 from app import message_cost
 from app.config import ConfigError
-from app.message_client import BothApis, message_client_app
+from app.message_client import serving_both
 from app.own_parts import DataFn, ModelFn, OwnParts
 from app.registry import METHODS
 from app.workdir import fab_root_of, serve_workers_from_the_fab
@@ -104,9 +104,7 @@ def build_client_app(
     serve_workers_from_the_fab(fab_root_of(caller_file()))  # before Flower starts Ray: its workers import this run
     parts = OwnParts(model=model, model_name=model_name, model_card=model_card, allow_app_keys=allow_app_keys)
     load_app_data = None if data is None else AppData(data=data, keys=data_keys, size=cached_partitions)
-    legacy = ClientApp(client_fn=client_function(parts, load_app_data), mods=message_cost.mods())
-    message = message_client_app(partial(node_client, parts=parts, load_app_data=load_app_data), message_cost.mods())
-    return BothApis(legacy=legacy, message=message)
+    return serving_both(client_function(parts, load_app_data), message_cost.mods())
 
 
 def caller_file() -> Path:

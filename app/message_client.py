@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.client import NumPyClient
+from flwr.client import Client, NumPyClient
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import Mod
 from flwr.common import MessageTypeLegacy, bytes_to_ndarray, ndarray_to_bytes
@@ -29,6 +29,18 @@ Handler = Callable[[Message, Context], Message]
 BuildClient = Callable[[Context], NumPyClient]
 LEGACY_TYPES = (MessageTypeLegacy.GET_PROPERTIES, MessageTypeLegacy.GET_PARAMETERS)
 LEGACY_RECORDS = ("fitins.", "evaluateins.")  # flwr.compat's record names for a legacy instruction
+
+
+def serving_both(client_fn: Callable[[Context], Client], mods: list[Mod] | None = None) -> BothApis:
+    """A ClientApp answering both of Flower's APIs with the client ``client_fn`` builds for each message.
+
+    ``client_fn`` is a legacy ``client_fn`` returning a Flower ``Client`` over a stamen
+    ``NumPyClient`` (``app.client_app.client_fn``, or an app's wrapper of it); the
+    Message API handlers use the same ``NumPyClient``.
+    """
+    mods = list(mods or [])
+    return BothApis(legacy=ClientApp(client_fn=client_fn, mods=mods),
+                    message=message_client_app(lambda context: client_fn(context).numpy_client, mods))  # fmt: skip
 
 
 def message_client_app(build: BuildClient, mods: list[Mod]) -> ClientApp:

@@ -8,11 +8,11 @@ and serialisation, plus stamen's per-message set-up and its strategy.
 
 from __future__ import annotations
 
-from flwr.client import Client, ClientApp, NumPyClient
+from flwr.client import Client, NumPyClient
 from flwr.common import Context
 
 from app.client_app import node_client
-from app.message_client import BothApis, message_client_app
+from app.message_client import serving_both
 from app.own_parts import OwnParts
 
 
@@ -30,4 +30,4 @@ def client_fn(context: Context) -> Client:
     return null_client(context).to_client()
 
 
-app = BothApis(legacy=ClientApp(client_fn=client_fn), message=message_client_app(null_client, []))
+app = serving_both(client_fn)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from flwr.client import Client, ClientApp
+from flwr.client import Client
 from flwr.common import Context
 
 from app.client_app import client_fn as stamen_client_fn
+from app.message_client import serving_both
 
 
 def client_fn(context: Context) -> Client:
@@ -28,4 +29,4 @@ def client_fn(context: Context) -> Client:
     return client
 
 
-app = ClientApp(client_fn=client_fn)
+app = serving_both(client_fn)  # both of Flower's APIs, as stamen's own ClientApp

@@ -7,10 +7,11 @@ stored r - 1 counts and, from round 2 on, the model it returned in round r - 1.
 from __future__ import annotations
 
 import numpy as np
-from flwr.client import Client, ClientApp
+from flwr.client import Client
 from flwr.common import Context
 
 from app.client_app import client_fn as stamen_client_fn
+from app.message_client import serving_both
 from clients.state import ClientState
 
 
@@ -35,4 +36,4 @@ def client_fn(context: Context) -> Client:
     return client
 
 
-app = ClientApp(client_fn=client_fn)
+app = serving_both(client_fn)  # both of Flower's APIs, as stamen's own ClientApp
