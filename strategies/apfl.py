@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from flwr.common import Scalar
-
 from strategies.base import FederatedStrategy
 from strategies.contracts.apfl import CONTRACT
 
@@ -21,6 +19,3 @@ class Apfl(FederatedStrategy):
     """
 
     contract = CONTRACT
-
-    def evaluate_config(self) -> dict[str, Scalar]:
-        return {**super().evaluate_config(), "adapt-steps": 0}

@@ -195,9 +195,13 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, RunWatch, Strategy):
         return self.settings.tuner
 
     def evaluate_config(self) -> dict[str, Scalar]:
-        """What every evaluate config holds besides ``server-round``: the adaptation (``adapt-lr`` 0 means ``lr``)."""
+        """What every evaluate config holds besides ``server-round``: the adaptation (``adapt-lr`` 0 means ``lr``).
+
+        A contract that does not adapt at test (``adapts_at_test``) is sent ``adapt-steps`` 0.
+        """
         training = self.settings.training
-        return {"adapt-steps": training.adapt_steps, "adapt-lr": training.adapt_lr or training.lr,
+        steps = training.adapt_steps if self.contract.adapts_at_test else 0
+        return {"adapt-steps": steps, "adapt-lr": training.adapt_lr or training.lr,
                 "adapt-batch-size": training.adapt_batch_size}  # fmt: skip
 
     def sample_fit(self, server_round: int, partitions: list[int]) -> list[int]:

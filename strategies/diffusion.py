@@ -83,9 +83,6 @@ class Diffusion(FederatedStrategy):
         """Agent ``partition``'s own model, to train from or to test (its update is measured from it)."""
         return unflatten(self.agents[partition], self.shapes)
 
-    def evaluate_config(self) -> dict[str, Scalar]:
-        return {**super().evaluate_config(), "adapt-steps": 0}  # each agent's own model, as it is
-
     def combine(self, server_round: int, replies: list[Reply]) -> tuple[list[np.ndarray] | None, dict[str, Scalar]]:
         psi = self.agents  # updated in place: an agent without an accepted reply keeps psi_k = w_k
         took_part = np.zeros(self.network.num_agents, dtype=bool)

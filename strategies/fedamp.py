@@ -85,9 +85,6 @@ class FedAmp(FederatedStrategy):
         mean = np.mean(np.stack(list(self.kept.values())), axis=0, dtype=np.float64).astype(np.float32)
         return unflatten(mean, self.shapes), {}
 
-    def evaluate_config(self) -> dict[str, Scalar]:
-        return {**super().evaluate_config(), "adapt-steps": 0}
-
     def state(self) -> tuple[dict[str, np.ndarray], dict]:
         order = sorted(self.kept)
         return {"fedamp/kept": np.stack([self.kept[p] for p in order])}, {"partitions": order}

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from flwr.common import Scalar
-
 from strategies.base import FederatedStrategy
 from strategies.contracts.fedbn import CONTRACT
 
@@ -19,6 +17,3 @@ class FedBN(FederatedStrategy):
     """
 
     contract = CONTRACT
-
-    def evaluate_config(self) -> dict[str, Scalar]:
-        return {**super().evaluate_config(), "adapt-steps": 0}

@@ -55,8 +55,5 @@ class FedProto(FederatedStrategy):
             )
         return [], {"fedproto-classes": int((self.counts > 0).sum())}
 
-    def evaluate_config(self) -> dict[str, Scalar]:
-        return {**super().evaluate_config(), "adapt-steps": 0}
-
     def state(self) -> tuple[dict[str, np.ndarray], dict]:
         return {"fedproto/prototypes": self.prototypes.copy(), "fedproto/counts": self.counts.copy()}, {}

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from flwr.common import Scalar
-
 from strategies.base import FederatedStrategy
 from strategies.contracts.fedrep import CONTRACT
 
@@ -20,6 +18,3 @@ class FedRep(FederatedStrategy):
     """
 
     contract = CONTRACT
-
-    def evaluate_config(self) -> dict[str, Scalar]:
-        return {**super().evaluate_config(), "adapt-steps": 0}

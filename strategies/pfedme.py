@@ -23,9 +23,6 @@ class PFedMe(FederatedStrategy):
 
     contract = CONTRACT
 
-    def evaluate_config(self) -> dict[str, Scalar]:
-        return {**super().evaluate_config(), "adapt-steps": 0}
-
     def combine(self, server_round: int, replies: list[Reply]) -> tuple[list[np.ndarray] | None, dict[str, Scalar]]:
         previous = self.global_shared
         averaged, extra = super().combine(server_round, replies)

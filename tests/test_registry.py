@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from app.config import parse_settings
 from app.registry import METHODS
+from app.server_run import build_strategy
 from clients.base import TorchClient
 from strategies.base import FederatedStrategy
 
@@ -38,3 +40,11 @@ def test_the_check_sees_an_override_through_an_intermediate_class():
         pass
 
     assert overridden(Leaf, TorchClient, CLIENT_METHODS) == ["set_parameters"]
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_a_method_that_tests_its_own_model_is_sent_no_adaptation_step(name):
+    contract = METHODS[name].contract
+    strategy = build_strategy(parse_settings({**contract.example, "strategy": name, "adapt-steps": 3}))
+    sent = strategy.evaluate_config()["adapt-steps"]
+    assert sent == (3 if contract.adapts_at_test else 0), f"{name} sends adapt-steps {sent}"

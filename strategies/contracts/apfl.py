@@ -33,6 +33,7 @@ class ApflSettings(MethodSettings):
 
 CONTRACT = Contract(
     name="apfl",
+    adapts_at_test=False,
     summary="APFL: each client mixes a local model of its own with the global one, and learns the mixing weight",
     settings=ApflSettings,
     uses=("lr", "local-steps", "local-epochs", "batch-size"),

@@ -195,6 +195,11 @@ class Contract:
         ``multi-krum``) apply; ``False`` for a method whose combination is its own maths
         (FedAMP's attention, the diffusion's combination matrix, FedProto's prototypes,
         FATHOM's example-weighted mean), which then refuses them.
+    adapts_at_test
+        Its clients adapt the model they receive with ``adapt-steps`` SGD steps before
+        testing it (Per-FedAvg's one step); ``False`` for a method whose clients test their
+        personal model as it is (Ditto's ``v_k``, FedRep's body with its own head), which
+        is then sent ``adapt-steps = 0``.
 
     """
 
@@ -212,6 +217,7 @@ class Contract:
     keeps: str = ""
     representation: bool = False
     robust_aggregation: bool = True
+    adapts_at_test: bool = True
 
     def __post_init__(self) -> None:
         if self.settings.prefix != self.name:

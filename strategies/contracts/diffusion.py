@@ -98,6 +98,7 @@ class DiffusionSettings(MethodSettings):
 CONTRACT = Contract(
     robust_aggregation=False,  # the diffusion combines neighbours by its combination matrix
     name="diffusion",
+    adapts_at_test=False,
     summary="asynchronous diffusion: agents on a graph, random participation, T local steps, sampled combination",
     settings=DiffusionSettings,
     uses=("local-steps", "batch-size"),

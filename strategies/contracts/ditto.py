@@ -34,6 +34,7 @@ class DittoSettings(MethodSettings):
 
 CONTRACT = Contract(
     name="ditto",
+    adapts_at_test=False,
     summary="Ditto: FedAvg, plus a personal model per client pulled towards the global one",
     settings=DittoSettings,
     uses=("lr", "local-steps", "local-epochs", "batch-size"),

@@ -41,6 +41,7 @@ class FedAmpSettings(MethodSettings):
 CONTRACT = Contract(
     robust_aggregation=False,  # FedAMP combines by its attention weights
     name="fedamp",
+    adapts_at_test=False,
     summary="FedAMP: the server sends each client its own attention-weighted mix of every client's last model, "
             "which the client's proximal term pulls towards",
     settings=FedAmpSettings,

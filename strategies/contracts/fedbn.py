@@ -24,6 +24,7 @@ class FedBNSettings(MethodSettings):
 
 CONTRACT = Contract(
     name="fedbn",
+    adapts_at_test=False,
     summary="FedBN: FedAvg whose clients keep their BatchNorm layers (weights and running statistics) at home",
     settings=FedBNSettings,
     uses=("lr", "local-steps", "local-epochs", "batch-size"),

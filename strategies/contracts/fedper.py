@@ -27,6 +27,7 @@ class FedPerSettings(MethodSettings):
 
 CONTRACT = Contract(
     name="fedper",
+    adapts_at_test=False,
     summary="FedPer: FedAvg of the model's body; each client trains and keeps its own head",
     settings=FedPerSettings,
     uses=("lr", "local-steps", "local-epochs", "batch-size"),

@@ -50,6 +50,7 @@ def prototype_shape(layout: ModelLayout) -> tuple[int, int]:
 CONTRACT = Contract(
     robust_aggregation=False,  # no model travels: FedProto averages prototypes by their class counts
     name="fedproto",
+    adapts_at_test=False,
     summary="FedProto: no model travels; clients share class prototypes of their representation and pull their "
             "own representations towards the global ones",
     settings=FedProtoSettings,

@@ -33,6 +33,7 @@ class FedRepSettings(MethodSettings):
 
 CONTRACT = Contract(
     name="fedrep",
+    adapts_at_test=False,
     summary="FedRep: a shared body learnt by all; each client fits its own head first, then the body",
     settings=FedRepSettings,
     uses=("lr", "local-steps", "local-epochs", "batch-size"),

@@ -36,6 +36,7 @@ class PFedMeSettings(MethodSettings):
 
 CONTRACT = Contract(
     name="pfedme",
+    adapts_at_test=False,
     summary="pFedMe: each client's personal model solves a proximal problem around its local copy of the global one",
     settings=PFedMeSettings,
     uses=("lr", "local-steps", "local-epochs", "batch-size"),
