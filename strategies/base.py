@@ -1,56 +1,39 @@
-"""The base of every stamen strategy: a round of FedAvg with personalised evaluation, composed of parts.
+"""The base of every stamen strategy: a round of FedAvg with personalised evaluation, composed of members.
 
-:class:`FederatedStrategy` holds the run's settings and the method's hooks; the rest is
-in parts, each a file of its own. Mixins share its ``self`` (``flower_api.FlowerApi``:
-Flower's ``Strategy`` API, the messages and aggregation; ``global_model``: the arrays
-that travel; ``run_watch``: the record per round, the divergence watch, the summary);
-members take their inputs as arguments (``reply_screen``: the screen every fit reply
-passes, failures reported; ``update_screen``: outsized updates; ``divergence``: the
-non-finite rounds; ``run_checkpoints``: checkpoints and resuming; ``tests/test_part_members.py``),
-and their pure helpers: seeded sampling (``sampling``), the node map and preflight
-(``nodes``), reply checks (``screening``), averaging (``aggregation``), records and
-progress lines (``records``), checkpoint files (``checkpoint``). A method subclasses
-:class:`FederatedStrategy`, names its contract, and overrides a few hooks:
+:class:`FederatedStrategy` holds the run's settings and the method's hooks, and composes
+members that take their inputs as arguments (``tests/test_part_members.py`` checks that
+none reads what it is not handed): the global model (``global_model``), the node map
+(``nodes``), the reply screens (``reply_screen``, ``update_screen``), the tuner
+(``tuner``), the round as Flower's legacy API plays it (``flower_api.FlowerRounds``,
+which builds each round's record), the run's records and summary (``run_watch``), the
+divergence watch (``divergence``) and checkpoints (``run_checkpoints``). Its Flower
+methods are one line each; :meth:`FederatedStrategy.end_round` closes a round: the
+record goes to the watch, then the divergence watch, checkpoints and the run's end.
 
-======================  =====================================================  ============================
-hook                    what it decides                                         default
-======================  =====================================================  ============================
-``hyperparameters``     the values in force, sent in every fit config           the contract's keys
-``tuning``              the tuner's settings, when the values in force move     ``tune``'s (``fathom-*``) or none
-``evaluate_config``     what every evaluate config holds                        ``adapt-*``, ``adapt-lr`` = lr
-``sample_fit``          which partitions train this round                       seeded, ``fraction-fit``
-``sample_evaluate``     which partitions evaluate                               seeded, ``fraction-evaluate``
-``begin_round``         set-up once a round's partitions are chosen             nothing
-``parameters_for``      the model a partition is sent, for fit or evaluate      the global model's shared arrays
-``payload_for``         the array sets sent beside it (the contract's sends)    none
-``payload_shapes``      the shapes a returned array set must have               the shared arrays' shapes
-``payload_dtypes``      the dtypes a returned array set must have               the shared arrays' dtypes
-``combine``             how accepted replies become the new global model        ``aggregation``'s average
-``start``               set-up once the nodes are known (before round 1)        nothing
-``state``/``restore``   what a checkpoint keeps besides the global model        nothing
-``finish``              what the run writes at its end                          nothing
-======================  =====================================================  ============================
-
-Flower's ``Strategy`` methods are implemented once (``flower_api``) and call the hooks; a method
-never overrides them (``tests/test_registry.py`` checks every registered one). What
-travels beside the model is declared in the contract (``sends``, ``returns``) and
-packed by name (``strategies.contracts.payload``); a method with personal layers
-(``personal``) has only its shared arrays sent, screened and averaged, while the
-global model keeps the rest at their initial values. A round's record is written by
-:meth:`end_round`, which :class:`strategies.server.RoundServer` calls after each
-round's evaluation.
+A method subclasses :class:`FederatedStrategy`, names its contract and overrides a few
+hooks (``hyperparameters``, ``tuning``, ``evaluate_config``, ``sample_fit``,
+``sample_evaluate``, ``begin_round``, ``parameters_for``, ``payload_for``,
+``payload_shapes``, ``payload_dtypes``, ``combine``, ``start``, ``state``/``restore``,
+``finish``, ``divergence_hint``): the table of what each decides and who overrides it
+is in ``docs/architecture.md``. A method never overrides the Flower-facing methods
+(``tests/test_registry.py``). What travels beside the model is declared in the contract
+(``sends``, ``returns``) and packed by name (``strategies.contracts.payload``); a method
+with personal layers (``personal``) has only its shared arrays sent, screened and
+averaged, while the global model keeps the rest at their initial values.
 """
 
 from __future__ import annotations
 
-import time
+import sys
 from collections.abc import Callable, Sequence
 from logging import WARNING
 from typing import ClassVar
 
 import numpy as np
-from flwr.common import Parameters, Scalar, parameters_to_ndarrays
+from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar
 from flwr.common.logger import log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from strategies.aggregation import aggregate
@@ -61,11 +44,11 @@ from strategies.contracts.fedavg import CONTRACT as FEDAVG
 from strategies.contracts.models import ModelLayout
 from strategies.contracts.settings import MethodSettings, Settings
 from strategies.divergence import DivergenceWatch
-from strategies.flower_api import PREFLIGHT_LOG, FlowerApi
-from strategies.global_model import GlobalModelPart
+from strategies.flower_api import PREFLIGHT_LOG, FlowerRounds, refuse_plain_server
+from strategies.global_model import GlobalModel, shared_indices
 from strategies.nodes import NodeDirectory
 from strategies.recorder import NullRecorder, Recorder
-from strategies.reply_screen import ReplyScreen, describe_failure
+from strategies.reply_screen import Failures, ReplyScreen, describe_failure
 from strategies.run_checkpoints import RunCheckpoints
 from strategies.run_watch import RunDivergedError, RunWatch
 from strategies.sampling import sample_partitions, sample_size
@@ -75,7 +58,8 @@ from strategies.update_screen import UpdateNormScreen
 
 __all__ = ["PREFLIGHT_LOG", "FederatedStrategy", "RunDivergedError", "describe_failure"]
 
-class FederatedStrategy(FlowerApi, GlobalModelPart, RunWatch, Strategy):
+
+class FederatedStrategy(Strategy):
     """FedAvg, hardened against bad clients, seeded, with personalised evaluation and per-round records.
 
     Every training reply is screened (array count and shapes, finite values, positive
@@ -121,44 +105,38 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, RunWatch, Strategy):
         self.settings = settings
         self.method = settings.method
         self.recorder = recorder if recorder is not None else NullRecorder()
-        self.central_evaluation = central_evaluation
         self.nodes = NodeDirectory(reply_s=settings.run.preflight_timeout)
-        self.failure_groups: list[dict] = []  # why the run could not start, by cause (summary.json)
-        self.global_parameters = initial_parameters
-        self.global_model = parameters_to_ndarrays(initial_parameters)  # decoded once, kept decoded
-        self.shapes = [a.shape for a in self.global_model]
         self.layout = layout if isinstance(layout, ModelLayout) else ModelLayout.of_names(tuple(layout))
-        self.shared = self._shared_indices(self.layout)  # the model's arrays that travel, by index
+        size = len(initial_parameters.tensors)
+        self.model = GlobalModel(parameters=initial_parameters, shared=shared_indices(
+            size, self.layout, self.contract, self.method, type(self).__name__))  # fmt: skip
+        self.shapes = [a.shape for a in self.global_model]
         self.sent_shapes = [self.shapes[i] for i in self.shared]
         self.sent_dtypes = [self.global_model[i].dtype for i in self.shared]  # a reply's arrays must have these
         # which shared arrays are averaged: decided by the server's own model, never by a reply
         self.float_layers = [np.issubdtype(dtype, np.floating) for dtype in self.sent_dtypes]
-        self.global_shared = self._shared_part(self.global_model)
-        self.connected_partitions: list[int] = []  # the partitions connected when this round's fit was configured
-        self._encoded: dict[int, tuple[list[np.ndarray], list[bytes]]] = {}  # while one round's messages are built
-        self.fit_specs = {m.name: m for m in (*FIT_METRICS, *self.contract.metrics)}
+        fit_specs = {m.name: m for m in (*FIT_METRICS, *self.contract.metrics)}
         self.tuner: FathomTuner | None = None
         if (tuning := self.tuning()) is not None:  # the values in force move every round
             values = settings.as_run_config()
             self.tuner = FathomTuner(settings=tuning, keys=self.contract.tunable.keys(values), start=values)
         if settings.tuner is not None:  # tune = "fathom" over another method: its clients report phi too
-            self.fit_specs[PHI_METRIC.name] = PHI_METRIC
-        self.evaluate_specs = {m.name: m for m in EVALUATE_METRICS}
-        self.history: list[dict] = []
-        self.record: dict = {}
-        self.started = time.perf_counter()
-        # when the server started (Unix time) and how long it took to reach round 1, for summary.json
-        self.timing: dict[str, float] = {"server-started-unix": time.time()}
-        self.evaluate_started = self.started
-        self.sent_model = self.global_model  # the model sent in the current round
+            fit_specs[PHI_METRIC.name] = PHI_METRIC
         self.divergence = DivergenceWatch(patience=settings.run.stop_after_nonfinite, initial_model=self.global_model)
+        self.watch = RunWatch(hooks=self, settings=settings, recorder=self.recorder, nodes=self.nodes, model=self.model,
+                              divergence=self.divergence, class_names=self.class_names())  # fmt: skip
         update_screen = UpdateNormScreen(ratio=settings.run.max_update_ratio, returns=self.contract.returns,
                                          nodes=self.nodes)  # fmt: skip
         self.reply_screen = ReplyScreen(name=self.name, returns=self.contract.returns, nodes=self.nodes,
-                                        fit_specs=self.fit_specs, sent_shapes=self.sent_shapes,
+                                        fit_specs=fit_specs, sent_shapes=self.sent_shapes,
                                         sent_dtypes=self.sent_dtypes, update_screen=update_screen)  # fmt: skip
         self.checkpoints = RunCheckpoints(name=self.name, num_rounds=self.num_rounds, nodes=self.nodes,
                                           kept_on_clients=self.contract.client_state(self.method))  # fmt: skip
+        self.rounds = FlowerRounds(hooks=self, run=settings.run, model=self.model, nodes=self.nodes, tuner=self.tuner,
+                                   reply_screen=self.reply_screen, watch=self.watch, recorder=self.recorder,
+                                   central_evaluation=central_evaluation, fit_specs=fit_specs,
+                                   evaluate_specs={m.name: m for m in EVALUATE_METRICS},
+                                   class_names=self.class_names())  # fmt: skip
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rounds={self.num_rounds})"
@@ -180,6 +158,54 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, RunWatch, Strategy):
     @property
     def num_rounds(self) -> int:
         return self.settings.run.num_server_rounds
+
+    @property
+    def global_model(self) -> list[np.ndarray]:
+        """The global model's arrays, every one, in ``state_dict`` order."""
+        return self.model.arrays
+
+    @property
+    def global_shared(self) -> list[np.ndarray]:
+        """The global model's arrays that travel."""
+        return self.model.shared_arrays
+
+    @property
+    def global_parameters(self) -> Parameters:
+        """The global model as Flower's ``Parameters``."""
+        return self.model.parameters
+
+    @property
+    def shared(self) -> list[int]:
+        """The indices of the model's arrays that travel."""
+        return self.model.shared
+
+    @property
+    def model_travels(self) -> bool:
+        return self.model.travels
+
+    @property
+    def history(self) -> list[dict]:
+        """The records of the rounds closed so far."""
+        return self.watch.history
+
+    @property
+    def record(self) -> dict:
+        """The record of the round in progress (read it; the round writes it)."""
+        return self.rounds.record
+
+    @property
+    def connected_partitions(self) -> list[int]:
+        """The partitions connected when this round's fit was configured."""
+        return self.rounds.connected_partitions
+
+    def in_force(self, key: str, default: Scalar) -> Scalar:
+        """The value in force for ``key``: the tuner's when it moves that key, else ``default``."""
+        return self.tuner.values().get(key, default) if self.tuner is not None else default
+
+    def fit_config(self, server_round: int) -> dict[str, Scalar]:
+        """The config dict sent with every fit instruction of ``server_round``: the values in force."""
+        tuned = self.tuner.values() if self.tuner is not None else {}
+        return {**self.hyperparameters(), **tuned, "server-round": server_round}
 
     # ------------------------------------------------------------------ hooks
 
@@ -221,13 +247,15 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, RunWatch, Strategy):
         """
         return self.global_shared
 
-    def begin_round(self, server_round: int, partitions: list[int], purpose: str) -> None:
+    def begin_round(self, server_round: int, partitions: list[int], purpose: str) -> dict[str, Scalar]:
         """Called once ``purpose``'s (``fit``, ``evaluate``) ``partitions`` are chosen, before any message is built.
 
         A method whose :meth:`parameters_for` differs per client computes the round's
         payloads here (FedAMP's cloud models ``u_i``); they must stay as they are until the
-        round's replies are combined (the update norms are measured from them).
+        round's replies are combined (the update norms are measured from them). It returns
+        entries for the round's record (``{}``: none).
         """
+        return {}
 
     def payload_for(self, partition: int, purpose: str) -> dict[str, list[np.ndarray]]:
         """The array sets sent to ``partition`` beside the model: those the contract ``sends`` for ``purpose``."""
@@ -286,7 +314,80 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, RunWatch, Strategy):
     def finish(self) -> None:
         """What the run writes at its end, besides the summary (through ``self.recorder``)."""
 
-    # ------------------------------------------------------------- the members, handed the hooks' answers; helpers
+    def divergence_hint(self) -> str:
+        """The likeliest cause of a diverged run, for its reason (base: the step sizes in force)."""
+        return "most likely the cause: lower them"
+
+    def step_values(self) -> dict[str, float]:
+        """The run's value of each of the method's step-size keys (before a tuner moves them)."""
+        values = self.settings.as_run_config()
+        return {k: float(values[k]) for k in self.contract.step_keys() if k in values}
+
+    # ------------------------------------------------------------------ Flower's Strategy: one line each
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        """Wait for the nodes, run the preflight, then :meth:`start` (``FlowerRounds.initialize_parameters``).
+
+        Raises
+        ------
+        RuntimeError
+            When Flower's plain ``Server`` calls it: that server never closes a round on the
+            strategy, so the run would train and record nothing (``refuse_plain_server``).
+
+        """
+        refuse_plain_server(sys._getframe(1).f_locals.get("self"))
+        return self.rounds.initialize_parameters(client_manager)
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        return self.rounds.configure_fit(server_round, client_manager)
+
+    def aggregate_fit(
+        self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        return self.rounds.aggregate_fit(server_round, results, failures)
+
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        return self.rounds.evaluate(server_round)
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        return self.rounds.configure_evaluate(server_round, client_manager)
+
+    def aggregate_evaluate(
+        self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        return self.rounds.aggregate_evaluate(server_round, results, failures)
+
+    # ------------------------------------------------------------------ a round's end, the run's end
+
+    def end_round(self, server_round: int) -> None:
+        """Close the round (its record to :attr:`watch`: the record, divergence watch, checkpoint, the run's end)."""
+        record, started = self.rounds.take_record(server_round)
+        self.watch.end_round(server_round, record, started=started, sent_model=self.rounds.sent_model)
+
+    def fail(self, reason: str) -> None:
+        """End the run as failed: the records so far stay, and the summary says why (``status`` ``failed``)."""
+        self.watch.fail(reason)
+
+    def summary(self, status: str, **extra: object) -> dict[str, object]:
+        """``summary.json`` as the run would end now with ``status`` (``completed``, ``stopped``, ``failed``)."""
+        return self.watch.summary(status, **extra)
+
+    def adopt_model(self, model: list[np.ndarray]) -> Parameters:
+        """Make ``model`` (every array, in ``state_dict`` order) the global model; its parameters.
+
+        Raises
+        ------
+        ValueError
+            If its shapes or dtypes are not the run's model's.
+
+        """
+        return self.model.adopt(model, type(self).__name__)
+
+    # ------------------------------------------------------------------ the members, handed the hooks' answers
 
     def screen_fit(self, server_round: int, results: list) -> tuple[list[Reply], int, dict]:
         """The round's fit replies through :attr:`reply_screen`, against the shapes and dtypes the hooks give."""
@@ -294,18 +395,21 @@ class FederatedStrategy(FlowerApi, GlobalModelPart, RunWatch, Strategy):
         return self.reply_screen.screen_fit(server_round, results, returned=returned,
                                             sent_to=self.sent_to if self.model_travels else None)  # fmt: skip
 
+    def sent_to(self, partition: int) -> list[np.ndarray]:
+        """The model arrays ``partition`` was sent this round (a reply's update is measured from them)."""
+        return self.parameters_for(partition, "fit")
+
     def checkpoint(self, server_round: int) -> Checkpoint:
         """The run after ``server_round``: global model, round records, node map, the method's :meth:`state`."""
         return self.checkpoints.checkpoint(server_round, model=self.global_model, history=self.history,
-                                           elapsed_seconds=time.perf_counter() - self.started, own=self.state(),
+                                           elapsed_seconds=self.watch.elapsed(), own=self.state(),
                                            tuner=self.tuner)  # fmt: skip
 
     def resume(self, checkpoint: Checkpoint) -> Parameters:
         """Continue from ``checkpoint`` (after the preflight); the global model. A misfit raises ``CheckpointError``."""
         resumed = self.checkpoints.resume(checkpoint, model=self.global_model, tuner=self.tuner, restore=self.restore)
-        self.history = resumed.history
-        self.started = time.perf_counter() - resumed.elapsed_seconds
-        self._use_model(resumed.model)
+        self.watch.resumed(resumed.history, resumed.elapsed_seconds)
+        self.model.use(resumed.model)
         return self.global_parameters
 
     def class_names(self) -> tuple[str, ...]:

@@ -46,6 +46,7 @@ class Diffusion(FederatedStrategy):
         self.network: Network | None = None
         self.agents = np.zeros((0, 0), dtype=np.float32)  # row k: agent k's model, flattened
         self.snapshots: list[tuple[int, np.ndarray]] = []
+        self.drawn: dict[str, Scalar] = {}  # the last fit round's draw, for its record
 
     def start(self) -> None:
         """Build the network for the clients' number of partitions; every agent starts at w_0."""
@@ -72,8 +73,12 @@ class Diffusion(FederatedStrategy):
         drawn = self.rng.random(self.network.num_agents) < self.network.participation
         connected = set(partitions)
         chosen = [int(k) for k in np.flatnonzero(drawn) if k in connected]
-        self.record.update({"agents-drawn": int(drawn.sum()), "agents-offline": int(drawn.sum()) - len(chosen)})
+        self.drawn = {"agents-drawn": int(drawn.sum()), "agents-offline": int(drawn.sum()) - len(chosen)}
         return chosen
+
+    def begin_round(self, server_round: int, partitions: list[int], purpose: str) -> dict[str, Scalar]:
+        """For the record: how many agents the round drew, and how many of them had no node connected."""
+        return self.drawn if purpose == "fit" else {}
 
     def sample_evaluate(self, server_round: int, partitions: list[int]) -> list[int]:
         """Every connected agent tests its own model."""

@@ -51,13 +51,13 @@ class FedAmp(FederatedStrategy):
         for partition in partitions:
             self.kept.setdefault(partition, flatten(self.global_model))
 
-    def begin_round(self, server_round: int, partitions: list[int], purpose: str) -> None:
-        """Every chosen partition's model: ``u_i`` for ``fit``, its own ``w_i`` for ``evaluate``."""
+    def begin_round(self, server_round: int, partitions: list[int], purpose: str) -> dict[str, Scalar]:
+        """Each chosen partition's model: ``u_i`` for ``fit``, its own ``w_i`` for ``evaluate``; least self-weight."""
         self._keep_new([*self.connected_partitions, *partitions])
         order = sorted(self.kept)
         if purpose == "evaluate":
             self.cloud = {p: unflatten(self.kept[p].copy(), self.shapes) for p in partitions}
-            return
+            return {}
         stacked = np.stack([self.kept[p] for p in order])
         method, self.cloud, self_weights = self.method, {}, []
         for partition in partitions:
@@ -70,8 +70,8 @@ class FedAmp(FederatedStrategy):
                 cloud, row = self.kept[partition].copy(), np.eye(len(order))[i]
             self.cloud[partition] = unflatten(cloud, self.shapes)
             self_weights.append(float(row[i]))
-        if self_weights:  # how much of u_i is the client's own model: 1 means no collaboration
-            self.record["fedamp-self-weight-min"] = min(self_weights)
+        # how much of u_i is the client's own model: 1 means no collaboration
+        return {"fedamp-self-weight-min": min(self_weights)} if self_weights else {}
 
     def parameters_for(self, partition: int, purpose: str) -> list[np.ndarray]:
         return self.cloud[partition]

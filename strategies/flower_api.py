@@ -1,21 +1,23 @@
 """Flower's legacy ``Strategy`` API, implemented once for every stamen method: messages out, replies in, hooks called.
 
-The Message API adapter (:mod:`strategies.message_strategy`) drives these same methods,
-turning their instructions into Messages and the replies back.
-
-:class:`FlowerApi` is the part of :class:`strategies.base.FederatedStrategy` that Flower
-calls: the preflight before round 1, the fit and evaluate instructions (the model a
-partition is sent, the contract's array sets and their layout, each list of arrays
-encoded once a round) and the aggregation of the replies through the other parts (the
-reply screen, the global model, the run's watch and records). A method never overrides
-these (``tests/test_registry.py``); it overrides the hooks in ``base.py``.
+:class:`FlowerRounds` is the member of :class:`strategies.base.FederatedStrategy` that
+plays a round as Flower asks: the preflight before round 1, the fit and evaluate
+instructions (the model a partition is sent, the contract's array sets and their layout,
+each list of arrays encoded once a round) and the aggregation of the replies through the
+members it is handed (the reply screen, the global model, the tuner, the run's watch).
+It builds the round's record, a value :meth:`FlowerRounds.take_record` hands on when the
+round closes. The method's hooks come in as :class:`MethodHooks`; the strategy's Flower
+methods are one line each, calling these. The Message API adapter
+(:mod:`strategies.message_strategy`) drives the same methods, turning their instructions
+into Messages and the replies back.
 """
 
 from __future__ import annotations
 
-import sys
 import time
+from collections.abc import Callable
 from logging import ERROR, INFO, WARNING
+from typing import Protocol
 
 import numpy as np
 from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar, ndarray_to_bytes
@@ -25,13 +27,20 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from strategies.contracts.client_reports import PARTITION_ID
+from strategies.contracts.common import RunSettings
+from strategies.contracts.contract import Contract, Metric
 from strategies.contracts.payload import LAYOUT, MODEL, layout_of, sets_problem
+from strategies.global_model import GlobalModel
 from strategies.node_data import data_lines
+from strategies.nodes import NodeDirectory
 from strategies.preflight import connected, preflight, wait_for
 from strategies.preflight_errors import PreflightError
+from strategies.recorder import Recorder
 from strategies.records import evaluation_summary, fit_summary
-from strategies.reply_screen import Failures
-from strategies.screening import evaluate_reply_problem, is_non_finite
+from strategies.reply_screen import Failures, ReplyScreen
+from strategies.run_watch import RunWatch
+from strategies.screening import Reply, evaluate_reply_problem, is_non_finite
+from strategies.tuner import FathomTuner
 
 PREFLIGHT_LOG = "preflight-errors.log"
 
@@ -55,60 +64,117 @@ def refuse_plain_server(caller: object) -> None:
         )
 
 
-class FlowerApi:
-    """A part of :class:`strategies.base.FederatedStrategy` (see the module's docstring)."""
+class MethodHooks(Protocol):
+    """What :class:`FlowerRounds` asks of the method (its strategy): the hooks in ``base.py``, its name, contract."""
 
-    def in_force(self, key: str, default: Scalar) -> Scalar:
-        """The value in force for ``key``: the tuner's when it moves that key, else ``default``."""
-        return self.tuner.values().get(key, default) if self.tuner is not None else default
+    name: str
+    contract: Contract
 
-    def fit_config(self, server_round: int) -> dict[str, Scalar]:
-        """The config dict sent with every fit instruction of ``server_round``: the values in force."""
-        tuned = self.tuner.values() if self.tuner is not None else {}
-        return {**self.hyperparameters(), **tuned, "server-round": server_round}
+    def fit_config(self, server_round: int) -> dict[str, Scalar]: ...
+    def evaluate_config(self) -> dict[str, Scalar]: ...
+    def sample_fit(self, server_round: int, partitions: list[int]) -> list[int]: ...
+    def sample_evaluate(self, server_round: int, partitions: list[int]) -> list[int]: ...
+    def begin_round(self, server_round: int, partitions: list[int], purpose: str) -> dict[str, Scalar]: ...
+    def parameters_for(self, partition: int, purpose: str) -> list[np.ndarray]: ...
+    def payload_for(self, partition: int, purpose: str) -> dict[str, list[np.ndarray]]: ...
+    def screen_fit(self, server_round: int, results: list) -> tuple[list[Reply], int, dict]: ...
+    def combine(self, server_round: int, replies: list[Reply]) -> tuple[list[np.ndarray] | None, dict[str, Scalar]]: ...
+    def start(self) -> None: ...
+
+
+class FlowerRounds:
+    """A round as Flower's legacy ``Strategy`` plays it, for any method (see the module's docstring).
+
+    Parameters
+    ----------
+    hooks
+        The method's hooks (its strategy).
+    run
+        The run's settings (``min-available-clients``, the preflight, ``eval-every``, ...).
+    model
+        The global model.
+    nodes
+        The node directory (partition <-> node, what each node declared).
+    tuner
+        The tuner moving the values in force, or ``None``.
+    reply_screen
+        Counts and logs failures (the fit replies go through ``hooks.screen_fit``).
+    watch
+        The run's timing and failure groups (the preflight's).
+    recorder
+        Where the preflight's full reports go.
+    central_evaluation
+        The server's test of the global model, or ``None``.
+    fit_specs, evaluate_specs
+        The metrics a fit and an evaluate reply may carry, by name.
+    class_names
+        The run's class names, for the nodes' data lines.
+
+    """
+
+    def __init__(self, *, hooks: MethodHooks, run: RunSettings, model: GlobalModel, nodes: NodeDirectory,
+                 tuner: FathomTuner | None, reply_screen: ReplyScreen, watch: RunWatch, recorder: Recorder,
+                 central_evaluation: Callable[[list[np.ndarray]], dict[str, float]] | None,
+                 fit_specs: dict[str, Metric], evaluate_specs: dict[str, Metric],
+                 class_names: tuple[str, ...]) -> None:  # fmt: skip
+        self.hooks = hooks
+        self.run = run
+        self.model = model
+        self.nodes = nodes
+        self.tuner = tuner
+        self.reply_screen = reply_screen
+        self.watch = watch
+        self.recorder = recorder
+        self.central_evaluation = central_evaluation
+        self.fit_specs = fit_specs
+        self.evaluate_specs = evaluate_specs
+        self.class_names = class_names
+        self.record: dict = {}  # the round's record while the round runs; take_record hands it on
+        self.record_started = time.perf_counter()
+        self.connected_partitions: list[int] = []  # the partitions connected when this round's fit was configured
+        self.sent_model = model.arrays  # the model sent in the current round
+        self.evaluate_started = self.record_started
+        self._encoded: dict[int, tuple[list[np.ndarray], list[bytes]]] = {}  # while one round's messages are built
 
     def is_evaluation_round(self, server_round: int) -> bool:
-        due = server_round % self.settings.run.eval_every == 0 or server_round == self.num_rounds
-        return due and self.settings.run.fraction_evaluate > 0
+        due = server_round % self.run.eval_every == 0 or server_round == self.run.num_server_rounds
+        return due and self.run.fraction_evaluate > 0
 
-    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        """Wait for ``min-available-clients``, run the preflight, then :meth:`start`.
+    def take_record(self, server_round: int) -> tuple[dict, float]:
+        """The round's record (``round`` and ``strategy`` at least) and when the round began; the next starts empty."""
+        record = self.record or {"round": server_round, "strategy": self.hooks.name}
+        self.record = {}
+        return record, self.record_started
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters:
+        """Wait for ``min-available-clients``, run the preflight, then the method's ``start``; the global model.
 
         A failed preflight logs one line per cause and where the clients' tracebacks
         went, then stops the run. Nodes left out for faults in their own data are
         logged the same way, and the run goes on with the others. Every admitted
         node's data (examples per split and class) is logged and kept for ``summary.json``.
-
-        Raises
-        ------
-        RuntimeError
-            When Flower's plain ``Server`` calls it: that server never closes a round on
-            the strategy, so the run would train and record nothing (:func:`refuse_plain_server`).
-
         """
-        refuse_plain_server(sys._getframe(1).f_locals.get("self"))
-        wait_for(client_manager, self.settings.run.min_available_clients)
-        self.timing["nodes-connected-seconds"] = time.perf_counter() - self.started
-        if self.settings.run.preflight:
+        wait_for(client_manager, self.run.min_available_clients)
+        connected_at = self.watch.mark("nodes-connected-seconds")
+        if self.run.preflight:
             try:
-                left_out = preflight(self.nodes, client_manager, self.fit_config(0),
-                                     sample=self.settings.run.preflight_sample, seed=self.settings.run.seed)
+                left_out = preflight(self.nodes, client_manager, self.hooks.fit_config(0),
+                                     sample=self.run.preflight_sample, seed=self.run.seed)  # fmt: skip
             except PreflightError as err:
                 self._log_preflight(err, ERROR, "")
-                self.failure_groups = err.groups
+                self.watch.failure_groups = err.groups
                 raise
             if left_out is not None:
                 self._log_preflight(left_out, WARNING, "left out: ")
-            for line in data_lines(self.nodes.data_report(self.class_names())):
+            for line in data_lines(self.nodes.data_report(self.class_names)):
                 log(INFO, "preflight: %s", line)
             if ray_nodes := self.nodes.ray_nodes():  # a run meant for a Ray cluster shows here whether it reached it
                 log(INFO, "preflight: the clients ran on %d Ray node(s): %s", len(ray_nodes),
                     ", ".join(f"{node[:12]} ({count} clients)" for node, count in ray_nodes.items()))  # fmt: skip
-            connected = self.timing["nodes-connected-seconds"]
-            self.timing["preflight-seconds"] = time.perf_counter() - self.started - connected
-            log(INFO, "preflight: took %.1f s", self.timing["preflight-seconds"])
-        self.start()
-        return self.global_parameters
+            took = self.watch.timing["preflight-seconds"] = self.watch.elapsed() - connected_at
+            log(INFO, "preflight: took %.1f s", took)
+        self.hooks.start()
+        return self.model.parameters
 
     def _log_preflight(self, err: PreflightError, level: int, prefix: str) -> None:
         where = self.recorder.save_text(PREFLIGHT_LOG, err.detail)
@@ -116,19 +182,18 @@ class FlowerApi:
             log(level, "preflight: %s%s", prefix, line)
         log(level, "preflight: the clients' full reports are in %s", where)
 
-    def configure_fit(
-        self, server_round: int, parameters: Parameters, client_manager: ClientManager
-    ) -> list[tuple[ClientProxy, FitIns]]:
-        config = self.fit_config(server_round)  # the values in force, which the record keeps
-        self.timing.setdefault("first-round-start-seconds", time.perf_counter() - self.started)
-        self.sent_model = self.global_model
-        self.record = {"round": server_round, "strategy": self.name, "_start": time.perf_counter()}
+    def configure_fit(self, server_round: int, client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        config = self.hooks.fit_config(server_round)  # the values in force, which the record keeps
+        self.watch.mark("first-round-start-seconds")
+        self.sent_model = self.model.arrays
+        self.record_started = time.perf_counter()
+        self.record = {"round": server_round, "strategy": self.hooks.name}
         self.record.update({f"hp-{k}": v for k, v in config.items() if k != "server-round"})
         nodes = connected(self.nodes, client_manager)
         self.connected_partitions = sorted(nodes)
-        chosen = self.sample_fit(server_round, self.connected_partitions)
+        chosen = self.hooks.sample_fit(server_round, self.connected_partitions)
         self.record.update({"clients-sampled": len(chosen), "fit-partitions": chosen})
-        self.begin_round(server_round, chosen, "fit")
+        self.record.update(self.hooks.begin_round(server_round, chosen, "fit") or {})  # None: nothing to record
         # each node is told its partition (a device with its own data learns its number so) and the layout
         configs = self.tuner.configs(server_round, chosen, config) if self.tuner is not None else {}
         instructions = [(nodes[p], FitIns(*self._message(p, "fit", configs.get(p, config)))) for p in chosen]
@@ -145,25 +210,25 @@ class FlowerApi:
             (an optional one may be left out).
 
         """
-        model = self.parameters_for(partition, purpose)
-        extras = self.payload_for(partition, purpose)
-        if problem := sets_problem(list(extras), self.contract.sends, purpose):
-            raise RuntimeError(f"{type(self).__name__}.payload_for({partition}, {purpose!r}): {problem} "
-                               f"({self.name}'s contract)")  # fmt: skip
+        model = self.hooks.parameters_for(partition, purpose)
+        extras = self.hooks.payload_for(partition, purpose)
+        if problem := sets_problem(list(extras), self.hooks.contract.sends, purpose):
+            raise RuntimeError(f"{type(self.hooks).__name__}.payload_for({partition}, {purpose!r}): {problem} "
+                               f"({self.hooks.name}'s contract)")  # fmt: skip
         layout = layout_of({MODEL: model, **extras})
-        if model is self.global_model and not extras:  # the common message: the global model, encoded once a round
-            parameters = self.global_parameters
+        if model is self.model.arrays and not extras:  # the common message: the global model, encoded once a round
+            parameters = self.model.parameters
         else:
             tensors = [t for arrays in (model, *extras.values()) for t in self._encode(arrays)]
-            parameters = Parameters(tensors=tensors, tensor_type=self.global_parameters.tensor_type)
+            parameters = Parameters(tensors=tensors, tensor_type=self.model.parameters.tensor_type)
         return parameters, {**config, PARTITION_ID: partition, LAYOUT: layout}
 
     def _encode(self, arrays: list[np.ndarray]) -> list[bytes]:
         """``arrays`` as Flower's bytes, each list encoded once however many messages carry it."""
-        if arrays is self.global_model:
-            return self.global_parameters.tensors
-        if arrays is self.global_shared:
-            return [self.global_parameters.tensors[i] for i in self.shared]
+        if arrays is self.model.arrays:
+            return self.model.parameters.tensors
+        if arrays is self.model.shared_arrays:
+            return [self.model.parameters.tensors[i] for i in self.model.shared]
         cached = self._encoded.get(id(arrays))
         if cached is None or cached[0] is not arrays:
             cached = (arrays, [ndarray_to_bytes(a) for a in arrays])
@@ -175,12 +240,12 @@ class FlowerApi:
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         self._encoded.clear()  # this round's messages are built and sent
         self.record["fit-bytes-received"] = sum(_size(res.parameters) for _, res in results)
-        replies, rejected, screened = self.screen_fit(server_round, results)
+        replies, rejected, screened = self.hooks.screen_fit(server_round, results)
         self.record.update(screened)
         metrics = fit_summary(replies, self.fit_specs.values())
-        previous = self.global_shared
+        previous = self.model.shared_arrays
         # a tuner's probe round: its clients tried several step sizes, and the model takes the start value's replies
-        arrays, extra = self.combine(server_round, self.tuner.model_replies(replies) if self.tuner else replies)
+        arrays, extra = self.hooks.combine(server_round, self.tuner.model_replies(replies) if self.tuner else replies)
         metrics.update(extra)
         if arrays is not None and not all_finite(arrays):
             # finite replies can still sum past float32's range; a non-finite global model would end the run
@@ -191,32 +256,32 @@ class FlowerApi:
         if self.tuner is not None and replies:
             metrics.update(self.tuner.update(previous, arrays, replies))
         if arrays is not None:
-            self._use_shared(arrays)
+            self.model.use_shared(arrays)
         elif not replies:
             log(WARNING, "round %s: no usable fit reply; the global model is unchanged", server_round)
         self.record.update({"clients-succeeded": len(replies), "clients-failed": len(failures) + rejected,
                             "clients-rejected": rejected, **metrics})  # fmt: skip
         self.record.update(self.reply_screen.failures("fit", server_round, failures))
-        return (self.global_parameters if arrays is not None else None), metrics
+        return (self.model.parameters if arrays is not None else None), metrics
 
-    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+    def evaluate(self, server_round: int) -> tuple[float, dict[str, Scalar]] | None:
         """The server's test of the global model after each round, when a central evaluation is given."""
         if self.central_evaluation is None or server_round == 0:
             return None
-        metrics = self.central_evaluation(self.global_model)
+        metrics = self.central_evaluation(self.model.arrays)
         self.record.update({f"central-{k}": v for k, v in metrics.items()})
         return metrics["loss"], metrics
 
     def configure_evaluate(
-        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+        self, server_round: int, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         if not self.is_evaluation_round(server_round):
             return []
         self.evaluate_started = time.perf_counter()
         nodes = connected(self.nodes, client_manager)
-        chosen = self.sample_evaluate(server_round, sorted(nodes))
-        self.begin_round(server_round, chosen, "evaluate")
-        config = {**self.evaluate_config(), "server-round": server_round}
+        chosen = self.hooks.sample_evaluate(server_round, sorted(nodes))
+        self.record.update(self.hooks.begin_round(server_round, chosen, "evaluate") or {})
+        config = {**self.hooks.evaluate_config(), "server-round": server_round}
         self.record["eval-adapt-lr"] = config.get("adapt-lr")  # the test-time step in force, which a tuner may move
         instructions = [(nodes[p], EvaluateIns(*self._message(p, "evaluate", config))) for p in chosen]
         self._encoded.clear()

@@ -1,77 +1,99 @@
 """The global model as the server holds it: every array, and the shared ones that travel.
 
-:class:`GlobalModelPart` keeps the global model decoded and encoded once and knows which
-of its arrays travel (all of them, the shared ones of a method with personal arrays, or
-none when no model travels); what each partition was sent is what a reply's update is
-measured from (:mod:`strategies.update_screen`).
+:class:`GlobalModel` keeps the global model decoded and encoded once and knows which of
+its arrays travel (all of them, the shared ones of a method with personal arrays, or none
+when no model travels). :func:`shared_indices` decides which, from the contract and the
+model's layout.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from flwr.common import Parameters, ndarrays_to_parameters
+from flwr.common import Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 
+from strategies.contracts.contract import Contract
 from strategies.contracts.models import ModelLayout
+from strategies.contracts.settings import MethodSettings
 
 
-class GlobalModelPart:
-    """A part of :class:`strategies.base.FederatedStrategy` (see the module's docstring)."""
+def shared_indices(size: int, layout: ModelLayout, contract: Contract, method: MethodSettings, owner: str) -> list[int]:
+    """The indices of a ``size``-array model's arrays that travel: all but the contract's personal ones.
 
-    def _shared_indices(self, layout: ModelLayout) -> list[int]:
-        everything = list(range(len(self.global_model)))
-        if layout.names and len(layout.names) != len(self.global_model):
-            raise TypeError(f"{type(self).__name__}: the layout names {len(layout.names)} arrays, the model has "
-                            f"{len(self.global_model)}")  # fmt: skip
-        if self.contract.personal is None:
-            return everything
-        if not layout.names:
-            raise TypeError(f"{type(self).__name__} keeps {self.contract.personal.describe(self.method.values())} on "
-                            "the clients and needs the model's layout to find them (layout = "
-                            "clients.models.layout_of(model))")  # fmt: skip
-        personal = set(self.contract.personal_arrays(self.method, layout))
-        return [i for i in everything if layout.names[i] not in personal]
+    Raises
+    ------
+    TypeError
+        If the layout names another number of arrays, or the contract keeps personal
+        arrays and the layout names none (``owner`` names the strategy in the message).
+
+    """
+    everything = list(range(size))
+    if layout.names and len(layout.names) != size:
+        raise TypeError(f"{owner}: the layout names {len(layout.names)} arrays, the model has {size}")
+    if contract.personal is None:
+        return everything
+    if not layout.names:
+        raise TypeError(f"{owner} keeps {contract.personal.describe(method.values())} on the clients and needs the "
+                        "model's layout to find them (layout = clients.models.layout_of(model))")  # fmt: skip
+    personal = set(contract.personal_arrays(method, layout))
+    return [i for i in everything if layout.names[i] not in personal]
+
+
+class GlobalModel:
+    """The server's global model: ``arrays`` (every one, in ``state_dict`` order), the ``shared`` ones, ``parameters``.
+
+    Parameters
+    ----------
+    parameters
+        The model before round 1, as Flower's ``Parameters`` (decoded once, here).
+    shared
+        The indices of the arrays that travel (:func:`shared_indices`).
+
+    """
+
+    def __init__(self, *, parameters: Parameters, shared: list[int]) -> None:
+        self.shared = shared
+        self.parameters = parameters
+        self.arrays = parameters_to_ndarrays(parameters)
+        self.shared_arrays = self.shared_part(self.arrays)
 
     @property
-    def model_travels(self) -> bool:
+    def travels(self) -> bool:
         """Whether any array of the model travels (``False`` under ``WholeModel``: only the contract's sets do)."""
         return bool(self.shared)
 
-    def _shared_part(self, model: list[np.ndarray]) -> list[np.ndarray]:
+    def shared_part(self, model: list[np.ndarray]) -> list[np.ndarray]:
+        """The arrays of ``model`` that travel (``model`` itself when they all do)."""
         return model if len(self.shared) == len(model) else [model[i] for i in self.shared]
 
-    def _use_model(self, model: list[np.ndarray]) -> None:
+    def use(self, model: list[np.ndarray]) -> None:
         """Make ``model`` (every array, personal ones included) the global model."""
-        self.global_model = model
-        self.global_shared = self._shared_part(model)
-        self.global_parameters = ndarrays_to_parameters(model)
+        self.arrays = model
+        self.shared_arrays = self.shared_part(model)
+        self.parameters = ndarrays_to_parameters(model)
 
-    def adopt_model(self, model: list[np.ndarray]) -> Parameters:
+    def adopt(self, model: list[np.ndarray], owner: str) -> Parameters:
         """Make ``model`` (every array, in ``state_dict`` order) the global model; its parameters.
 
         Raises
         ------
         ValueError
-            If its shapes or dtypes are not the run's model's.
+            If its shapes or dtypes are not the run's model's (``owner`` names the strategy).
 
         """
-        if [(a.shape, a.dtype) for a in model] != [(a.shape, a.dtype) for a in self.global_model]:
-            raise ValueError(f"{type(self).__name__}: a global model must have the run model's "
-                             f"{len(self.global_model)} arrays, shapes and dtypes")  # fmt: skip
-        self._use_model(list(model))
-        return self.global_parameters
+        if [(a.shape, a.dtype) for a in model] != [(a.shape, a.dtype) for a in self.arrays]:
+            raise ValueError(f"{owner}: a global model must have the run model's {len(self.arrays)} arrays, "
+                             "shapes and dtypes")  # fmt: skip
+        self.use(list(model))
+        return self.parameters
 
-    def _use_shared(self, shared: list[np.ndarray]) -> None:
+    def use_shared(self, shared: list[np.ndarray]) -> None:
         """Make ``shared`` the global model's shared arrays; its personal ones keep their values."""
-        if not self.model_travels:  # there is nothing to change
+        if not self.travels:  # there is nothing to change
             return
-        if len(self.shared) == len(self.global_model):
-            self._use_model(shared)
+        if len(self.shared) == len(self.arrays):
+            self.use(shared)
             return
-        model = list(self.global_model)
+        model = list(self.arrays)
         for index, array in zip(self.shared, shared, strict=True):
             model[index] = array
-        self._use_model(model)
-
-    def sent_to(self, partition: int) -> list[np.ndarray]:
-        """The model arrays ``partition`` was sent this round (a reply's update is measured from them)."""
-        return self.parameters_for(partition, "fit")
+        self.use(model)

@@ -39,9 +39,10 @@ STAMEN = OwnParts(allow_app_keys=False)  # stamen's own app
 
 def finished_run(results_dir: Path, name: str) -> Path:
     """``<results_dir>/<name>``, as a finished two-round run with checkpoints leaves it."""
-    run = InProcessRun(run_config={**CONFIG, "results-dir": str(results_dir), "run-name": name}, num_clients=CLIENTS)
+    config = {**CONFIG, "results-dir": str(results_dir), "run-name": name}
     run_dir = results_dir / name
-    run.strategy.recorder = ResultWriter(run_dir=run_dir, settings=run.settings.as_run_config())
+    writer = ResultWriter(run_dir=run_dir, settings=parse_settings(config).as_run_config())
+    run = InProcessRun(run_config=config, num_clients=CLIENTS, recorder=writer)
     for _ in range(ROUNDS):
         run.step()
         run.evaluate()

@@ -166,8 +166,8 @@ def test_a_round_that_diverges_leaves_the_clients_c_i_as_it_was():
 def test_a_diverged_run_names_lr_and_how_the_control_variate_grew():
     strategy = build_strategy(settings(strategy="scaffold", model="logreg", lr=0.1))
     assert strategy.divergence_hint() == "most likely the cause: lower them"  # no rounds yet: the base's words
-    strategy.history = [{"round": 1, "scaffold-control-norm": 0.1}, {"round": 2, "scaffold-control-norm": 51.0},
-                        {"round": 3, "scaffold-control-norm": 4308.0}, {"round": 4}]  # round 4: no reply accepted
+    strategy.watch.history = [{"round": 1, "scaffold-control-norm": 0.1}, {"round": 2, "scaffold-control-norm": 51.0},
+                              {"round": 3, "scaffold-control-norm": 4308.0}, {"round": 4}]  # round 4: no reply accepted
     hint = strategy.divergence_hint()
     assert hint.startswith("most likely the cause: lower lr") and "from 0.1 in the first round to 4.31e+03" in hint
     assert strategy.contract.step_keys() == ("lr",)  # the reason's "step sizes in force" name lr

@@ -204,7 +204,7 @@ def test_central_evaluation_is_recorded_every_round_on_the_aggregated_model():
         seen.append([a.copy() for a in arrays])
         return {"accuracy": 0.25, "loss": float(arrays[0].sum())}
 
-    strategy.central_evaluation = central
+    strategy.rounds.central_evaluation = central
     assert strategy.evaluate(0, strategy.global_parameters) is None  # Flower's call before round 1
     strategy.configure_fit(1, strategy.global_parameters, manager)
     replies = [(proxies[0], fit_res(arrays(2.0), 5)), (proxies[1], fit_res(arrays(4.0), 5))]

@@ -39,6 +39,7 @@ from app.server_run import build_strategy
 from clients.base import TorchClient
 from strategies.base import FederatedStrategy
 from strategies.contracts.settings import Settings
+from strategies.recorder import Recorder
 from strategies.server import RoundServer
 
 OK = Status(code=Code.OK, message="")
@@ -92,12 +93,14 @@ class InProcessRun:
         The run config ``flwr run`` would get (``--run-config``), defaults filled in.
     num_clients
         The simulated SuperNodes (partitions 0 to ``num_clients - 1``).
+    recorder
+        Where the strategy writes its records (default: nowhere).
 
     """
 
-    def __init__(self, *, run_config: dict, num_clients: int) -> None:
+    def __init__(self, *, run_config: dict, num_clients: int, recorder: Recorder | None = None) -> None:
         self.settings = parse_settings(run_config)
-        self.strategy: FederatedStrategy = build_strategy(self.settings)
+        self.strategy: FederatedStrategy = build_strategy(self.settings, recorder=recorder)
         self.manager = SimpleClientManager()
         # one Context per node for the whole run, as a SuperNode keeps one: a client's state lives in its .state
         self.contexts = [node_context(run_config, partition=partition, num_clients=num_clients)
