@@ -8,7 +8,8 @@ The two entry points build a Flower ``ServerApp`` and ``ClientApp`` for any regi
 method from the app's own network and data; stamen's own app is built with them too.
 On Flower's Message API, ``stamen.PerFedAvg`` (and a class per method, by its strategy's
 name; :func:`message_strategy` by method name) is a ``flwr.serverapp.strategy.Strategy``
-a ``flwr new`` app swaps for ``FedAvg``; ``build_client_app``'s ClientApp answers both APIs.
+a ``flwr new`` app swaps for ``FedAvg``; ``build_client_app``'s ClientApp answers both APIs
+(:func:`serving_both` makes one from a ``client_fn`` of the app's own).
 ``METHODS`` maps each method's name (the ``strategy`` key's value) to its ``Method``: its
 strategy class, its client class and its keys (:func:`method` looks one up by name).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from app.client_app import build_client_app
 from app.config import ConfigError, app_keys, parse_settings
+from app.message_client import serving_both
 from app.message_methods import (
     Apfl,
     Diffusion,
@@ -81,6 +83,7 @@ __all__ = [
     "method",
     "parse_settings",
     "register_model",
+    "serving_both",
     "split_at",
 ]
 
