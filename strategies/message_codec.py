@@ -12,7 +12,8 @@ names of the arrays that travel, and every other set under its name (SCAFFOLD's
 ConfigRecord, since a MetricRecord holds only numbers.
 
 The arrays keep the bytes the legacy path sends (``numpy.save``), so converting either
-way copies no array and a reply's bytes are the same on both paths.
+way copies no array and a reply's bytes are the same on both paths. :func:`same_arrays`
+and :func:`check_like` compare a model's records (the arrays a user hands ``start``).
 """
 
 from __future__ import annotations
@@ -149,3 +150,25 @@ def read_reply(content: RecordDict) -> tuple[list[bytes], int, dict[str, Scalar]
     if content.array_records:
         metrics[LAYOUT] = layout
     return tensors, num_examples, metrics, names
+
+
+def same_arrays(first: ArrayRecord, second: ArrayRecord) -> bool:
+    """Whether two records hold the same arrays under the same names (bytes compared)."""
+    return list(first.keys()) == list(second.keys()) and all(first[k].data == second[k].data for k in first)
+
+
+def check_like(given: ArrayRecord, model: ArrayRecord) -> None:
+    """Refuse ``initial_arrays`` that are not the run's model (names, shapes, dtypes), naming the differences."""
+    theirs = {k: (tuple(a.shape), a.dtype) for k, a in given.items()}
+    mine = {k: (tuple(a.shape), a.dtype) for k, a in model.items()}
+    if theirs != mine:
+        raise ValueError(f"initial_arrays are not the run's model: {_differences(theirs, mine)}")
+
+
+def _differences(theirs: dict, mine: dict) -> str:
+    missing, extra = sorted(set(mine) - set(theirs)), sorted(set(theirs) - set(mine))
+    changed = sorted(k for k in set(mine) & set(theirs) if mine[k] != theirs[k])
+    parts = [f"missing {missing[:3]}" if missing else "", f"unknown {extra[:3]}" if extra else "",
+             ", ".join(f"{k}: {theirs[k]} given, {mine[k]} expected" for k in changed[:3])]  # fmt: skip
+    return "; ".join(p for p in parts if p)
+

@@ -36,9 +36,11 @@ from strategies.message_codec import (
     MODEL_RECORD,
     MessageFormatError,
     array_records,
+    check_like,
     instruction,
     numbers_of,
     read_reply,
+    same_arrays,
 )
 from strategies.run_watch import RunDivergedError
 
@@ -114,7 +116,7 @@ class MessageStrategy(Strategy):
         overrides stamen's value and is logged once (the round's record keeps stamen's).
         """
         nodes = self._started(grid)
-        if arrays is not self._handed and len(arrays) and not _same(arrays, self._arrays(self.parameters)):
+        if arrays is not self._handed and len(arrays) and not same_arrays(arrays, self._arrays(self.parameters)):
             log(INFO, "stamen: round %s starts from the arrays given to configure_train, not the model stamen holds",
                 server_round)  # fmt: skip
             self.parameters = self.strategy.adopt_model([a.numpy() for a in arrays.values()])
@@ -198,7 +200,7 @@ class MessageStrategy(Strategy):
             self._started(grid)
             arrays = self._handed = self._arrays(self.parameters)
             if initial_arrays is not None:
-                _check_like(initial_arrays, arrays)
+                check_like(initial_arrays, arrays)
                 arrays = initial_arrays
             for server_round in range(1, rounds + 1):
                 arrays = self._round(grid, server_round, arrays, train_config or ConfigRecord(),
@@ -294,25 +296,3 @@ class MessageStrategy(Strategy):
 def _metric_record(metrics: dict[str, Scalar]) -> MetricRecord:
     """The numeric values of ``metrics`` (Flower's MetricRecord holds only numbers)."""
     return MetricRecord(numbers_of(metrics))
-
-
-def _same(first: ArrayRecord, second: ArrayRecord) -> bool:
-    """Whether two records hold the same arrays under the same names (bytes compared)."""
-    return list(first.keys()) == list(second.keys()) and all(first[k].data == second[k].data for k in first)
-
-
-def _check_like(given: ArrayRecord, model: ArrayRecord) -> None:
-    """Refuse ``initial_arrays`` that are not the run's model (names, shapes, dtypes), naming the differences."""
-    theirs = {k: (tuple(a.shape), a.dtype) for k, a in given.items()}
-    mine = {k: (tuple(a.shape), a.dtype) for k, a in model.items()}
-    if theirs != mine:
-        raise ValueError(f"initial_arrays are not the run's model: {_differences(theirs, mine)}")
-
-
-def _differences(theirs: dict, mine: dict) -> str:
-    missing, extra = sorted(set(mine) - set(theirs)), sorted(set(theirs) - set(mine))
-    changed = sorted(k for k in set(mine) & set(theirs) if mine[k] != theirs[k])
-    parts = [f"missing {missing[:3]}" if missing else "", f"unknown {extra[:3]}" if extra else "",
-             ", ".join(f"{k}: {theirs[k]} given, {mine[k]} expected" for k in changed[:3])]  # fmt: skip
-    return "; ".join(p for p in parts if p)
-
