@@ -40,7 +40,7 @@ def test_a_deployment_whose_node_dies_fails_at_once_with_that_nodes_log(tmp_path
     """A device that cannot start (as a device without Flower installed) ends the wait, not the 600 s timeout."""
     broken = [sys.executable, "-c", "import sys; print('PackageNotFoundError: no flwr here'); sys.exit(3)"]
     with LocalDeployment(app_dir=REPO, num_nodes=1, workdir=tmp_path / "d", devices={0: broken}) as deployment:
-        run_id = deployment.submit(FEDAVG)
+        run_id = deployment.submit({**FEDAVG, "results-dir": str(tmp_path)})
         started = time.monotonic()
         with pytest.raises(ProcessExitedError) as failure:
             deployment.wait(run_id, timeout_s=600)
@@ -67,9 +67,9 @@ def test_a_simulation_whose_superlink_dies_fails_at_once_and_leaves_nothing_behi
 
 
 @pytest.mark.e2e
-def test_a_finished_simulation_stops_every_process_it_started():
+def test_a_finished_simulation_stops_every_process_it_started(tmp_path):
     with LocalSimulation(app_dir=REPO) as sim:
-        outcome = sim.run(run_config=FEDAVG, num_supernodes=2, timeout_s=600)
+        outcome = sim.run(run_config={**FEDAVG, "results-dir": str(tmp_path)}, num_supernodes=2, timeout_s=600)
         groups = with_descendant_groups([sim.superlink.process.pid])
         home = str(sim.home)
     assert outcome.ok, outcome.log_tail

@@ -170,8 +170,9 @@ def test_flwr_datasets_survives_installing_stamen_and_the_quick_start_job_finish
     monkeypatch.setenv("PATH", f"{_venv_python(venv).parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("VIRTUAL_ENV", str(venv))
     with LocalSimulation(app_dir=REPO) as sim:
-        outcome = sim.run(run_config={"num-server-rounds": 2}, num_supernodes=50,
-                          extra_federation="client-resources-num-cpus=1", timeout_s=900)  # fmt: skip
+        config = {"num-server-rounds": 2, "results-dir": str(tmp_path / "results")}  # not the user's ~/stamen
+        outcome = sim.run(run_config=config, num_supernodes=50, extra_federation="client-resources-num-cpus=1",
+                          timeout_s=900)  # fmt: skip
     assert outcome.ok, outcome.log_tail
     assert "final: perfedavg: 2 rounds" in outcome.log and "final personalised accuracy 0." in outcome.log
 
