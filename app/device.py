@@ -16,7 +16,10 @@ takes ``flower-supernode``'s own options and starts two processes:
 The link between the two is the loopback interface of the device, as in Flower's own
 ``--isolation subprocess`` (which starts ``flower-superexec --insecure`` the same way).
 ``--cold`` runs ``flower-supernode <your options>`` alone instead (Flower's executor,
-one fresh process per message). On a Flower that the warm executor does not support,
+one fresh process per message). Either way the SuperExec asks the SuperNode for a new
+task every ``--task-poll`` seconds (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, Flower's own
+variable: 1 s by default, which each message waits half of on average); a value already
+in the environment is kept. On a Flower that the warm executor does not support,
 ``app.warm_exec`` says so in one line and runs Flower's own ``flower-superexec`` in its
 place. Stopping this command (Ctrl-C, SIGTERM, or its death) stops both
 processes and every task child.
@@ -35,6 +38,8 @@ from pathlib import Path
 from app.fork_server import die_with_parent
 from app.local.processes import free_port
 
+TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"  # flwr/supercore/superexec/run_superexec.py reads it
+TASK_POLL = 0.05  # seconds: measured by bench/deploy_cost.py (docs/deployment.md#what-a-round-costs)
 RESERVED = ("--isolation", "--port", "--host")  # the device sets these for the SuperNode-SuperExec link
 # app.warm_exec in a clone, stamen.app.warm_exec installed: the package this module was imported from
 WARM_EXEC = f"{__package__}.warm_exec"
@@ -62,6 +67,11 @@ def commands(supernode_args: list[str], *, port: int, parent_pid: int, cold: boo
     return [node, executor]
 
 
+def device_environment(environ: dict[str, str], task_poll: float) -> dict[str, str]:
+    """``environ`` with the SuperExec's task poll set to ``task_poll`` seconds, unless it sets one itself."""
+    return {**environ, TASK_POLL_ENV: environ.get(TASK_POLL_ENV) or f"{task_poll:g}"}
+
+
 def console() -> int:
     """``stamen-device``, the installed package's console script: :func:`main` under the command as typed."""
     return main(prog=Path(sys.argv[0]).name)
@@ -74,6 +84,9 @@ def main(argv: list[str] | None = None, *, prog: str = "") -> int:
                                      epilog="Every other option goes to flower-supernode unchanged.")  # fmt: skip
     parser.add_argument("--cold", action="store_true", help="Flower's own executor: a fresh process per message")
     parser.add_argument("--runtime-port", type=int, default=0, help="the SuperNode's Runtime API port (default: free)")
+    parser.add_argument("--task-poll", type=float, default=TASK_POLL, metavar="SECONDS",
+                        help=f"seconds between the SuperExec's asks for a new task, 0.01-60 (default {TASK_POLL:g}; "
+                             f"Flower's: 1); {TASK_POLL_ENV} in the environment wins")  # fmt: skip
     args, supernode_args = parser.parse_known_args(argv)
     # No Flower import here (2 CPU-s on this machine): app.warm_exec checks the installed Flower itself and runs
     # Flower's own flower-superexec, with one warning, when the warm path cannot work.
@@ -82,8 +95,12 @@ def main(argv: list[str] | None = None, *, prog: str = "") -> int:
                             cold=args.cold)  # fmt: skip
     except ValueError as err:
         parser.error(str(err))
+    if not 0.01 <= args.task_poll <= 60:
+        parser.error(f"--task-poll: {args.task_poll:g} s is outside Flower's 0.01-60 s")
+    environment = device_environment(dict(os.environ), args.task_poll)
     print("stamen device: " + "\n  ".join(" ".join(c) for c in to_start), file=sys.stderr, flush=True)
-    processes = [subprocess.Popen(command, preexec_fn=lambda: die_with_parent(signal.SIGTERM)) for command in to_start]
+    processes = [subprocess.Popen(command, env=environment, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+                 for command in to_start]  # fmt: skip
     stop = {"signal": 0}
 
     def on_signal(signum: int, _frame: object) -> None:

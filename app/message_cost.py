@@ -68,7 +68,8 @@ def cost_mod(message: Message, context: Context, call_next: Callable[[Message, C
     reply = call_next(message, context)
     end = now()
     record: dict[str, object] = {"pid": os.getpid(), "kind": message.metadata.message_type,
-                                 "node": context.node_id, "first-in-process": _state["first"]}  # fmt: skip
+                                 "round": message.metadata.group_id, "node": context.node_id,
+                                 "first-in-process": _state["first"], "ended-unix": time.time()}  # fmt: skip
     phases = {}
     if _state["first"]:
         forked_at = os.environ.get(FORKED_AT_ENV)

@@ -74,11 +74,11 @@ class MethodStrategy(MessageStrategy):
                 if named != self.method:
                     raise ConfigError(f"run config key 'strategy': {named!r} given to {type(self).__name__}, "
                                       f"which runs {self.method!r}; drop the key or build message_strategy({named!r})")
-            strategy, rounds, _ = run_strategy(config, parts)
+            strategy, rounds, settings = run_strategy(config, parts)
         except ConfigError as err:
             refused(err, config, parts)
             raise
-        super().__init__(strategy=strategy, num_rounds=rounds)
+        super().__init__(strategy=strategy, num_rounds=rounds, pull_interval=settings.execution.pull_interval)
 
 
 def run_on_grid(grid: Grid, run_config: Mapping[str, object], parts: OwnParts) -> None:

@@ -7,8 +7,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from logging import INFO
 
 from flwr.common import Context
+from flwr.common.logger import log
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.compat import start_grid
@@ -18,8 +20,9 @@ from app.config import ConfigError
 from app.message_methods import run_on_grid
 from app.own_parts import ModelFn, OwnParts
 from app.server_run import refused, run_strategy
-from strategies.contracts.common import DEFAULT_API
+from strategies.contracts.common import DEFAULT_API, ExecutionSettings
 from strategies.contracts.models import ModelCard
+from strategies.paced_grid import PacedGrid, paced
 from strategies.server import RoundServer
 
 
@@ -77,7 +80,13 @@ def server_main(parts: OwnParts) -> Callable[[Grid, Context], None]:
             run_on_grid(grid, context.run_config, parts)
             return
         components = server_function(parts)(context)  # a bad api value is refused here, with the allowed ones
-        start_grid(grid=grid, server=components.server, config=components.config)
+        # one pull loop for every client thread, every pull-interval s (Flower's deployed grid: 3 s per thread)
+        grid = paced(grid, ExecutionSettings.from_config(context.run_config).pull_interval)
+        try:
+            start_grid(grid=grid, server=components.server, config=components.config)
+        finally:
+            if isinstance(grid, PacedGrid):
+                log(INFO, "stamen: %s", grid.report())
 
     return main
 

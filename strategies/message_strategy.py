@@ -29,6 +29,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from strategies.contracts.common import PULL_INTERVAL
 from strategies.grid_nodes import GridNodes
 from strategies.grid_transport import CLIENT_ERROR, NO_REPLY, NodeError, NoReplyError, replies_by_node
 from strategies.message_codec import (
@@ -42,6 +43,7 @@ from strategies.message_codec import (
     read_reply,
     same_arrays,
 )
+from strategies.paced_grid import PacedGrid, paced
 from strategies.run_watch import RunDivergedError
 
 OK = Status(code=Code.OK, message="")
@@ -81,12 +83,16 @@ class MessageStrategy(Strategy):
         settings, results folder and initial model), or continued from a checkpoint.
     num_rounds
         The rounds it has left to play (a resumed run's remaining rounds).
+    pull_interval
+        Seconds between two pulls of the replies while :meth:`start` waits (``pull-interval``;
+        :class:`strategies.paced_grid.PacedGrid`).
 
     """
 
-    def __init__(self, *, strategy: RoundClosing, num_rounds: int) -> None:
+    def __init__(self, *, strategy: RoundClosing, num_rounds: int, pull_interval: float = PULL_INTERVAL) -> None:
         self.strategy = strategy
         self.num_rounds = num_rounds
+        self.pull_interval = pull_interval
         self.nodes: GridNodes | None = None
         self.parameters: Parameters | None = None  # the global model as the stamen strategy last gave it
         self._sent: list[tuple[Message, ClientProxy]] = []  # the phase's messages (Flower sets their ids on sending)
@@ -196,6 +202,7 @@ class MessageStrategy(Strategy):
         rounds = self.num_rounds if num_rounds is None else num_rounds
         self.timeout = timeout
         result = Result()
+        grid = paced(grid, self.pull_interval)  # Flower's deployed grid would pull every 3 s
         try:
             self._started(grid)
             arrays = self._handed = self._arrays(self.parameters)
@@ -210,6 +217,9 @@ class MessageStrategy(Strategy):
         except Exception as err:
             self.strategy.fail(" ".join(str(err).split()) or type(err).__name__)
             raise
+        finally:
+            if isinstance(grid, PacedGrid):
+                log(INFO, "stamen: %s", grid.report())
         return result
 
     def _round(self, grid: Grid, server_round: int, arrays: ArrayRecord, train_config: ConfigRecord,

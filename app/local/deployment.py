@@ -90,6 +90,9 @@ class LocalDeployment(DeploymentNodes, DeploymentRuns):
         Start the Fleet gate on this address (the LAN recipe of docs/deployment.md, the
         server's LAN address there; 127.0.0.2 on one machine) and have every SuperNode dial
         it; the connection in ``flwr-home`` stays on the SuperLink's 127.0.0.1. Needs ``tls``.
+    node_env
+        Environment variables for the SuperNodes alone, beside this process's
+        (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``: how often each node's SuperExec asks for a task).
     workdir
         Holds ``flwr-home``, certificates, keys, the SuperLink database and logs; a
         fresh temporary folder (deleted on exit) by default.
@@ -117,6 +120,7 @@ class LocalDeployment(DeploymentNodes, DeploymentRuns):
         warm: bool = False,
         devices: Mapping[int, Sequence[str]] | None = None,
         lan_host: str | None = None,
+        node_env: Mapping[str, str] | None = None,
     ) -> None:
         # every refusal comes before the temporary workdir below: a refused deployment leaves nothing behind
         if num_nodes < 1:
@@ -133,6 +137,7 @@ class LocalDeployment(DeploymentNodes, DeploymentRuns):
         self.num_nodes, self.tls, self.node_auth, self.warm = num_nodes, tls, node_auth, warm
         self.lan_host = lan_host
         self.devices = {int(k): list(v) for k, v in (devices or {}).items()}
+        self.node_env = dict(node_env or {})
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="stamen-deploy-")
         self.workdir = Path(workdir or self._tmp.name).resolve()
         self.home = self.workdir / "flwr-home"

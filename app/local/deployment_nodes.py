@@ -59,10 +59,12 @@ class DeploymentNodes:
             if register:
                 self.flwr(["supernode", "register", str(key.public), CONNECTION])
         # a warm device runs stamen's app.device from the app's folder (stamen's packages are not installed)
-        env = {**self.env, "PYTHONPATH": str(self.app_dir)} if self.warm else None
+        env = {**self.env, **self.node_env}
+        if self.warm:
+            env["PYTHONPATH"] = str(self.app_dir)
         cwd = None
         if partition in self.devices:  # an installed device: no clone on its path, an empty folder to run in
-            env = {k: v for k, v in self.env.items() if k != "PYTHONPATH"}
+            env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
             cwd = self.workdir / f"device-{partition}"
             cwd.mkdir(parents=True, exist_ok=True)
         return self._spawn_node(partition, name, self.node_command(partition, key=key), env=env, cwd=cwd)

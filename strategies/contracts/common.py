@@ -210,6 +210,9 @@ FLOWER_APIS = ("message", "legacy")
 DEFAULT_API = "message"  # the api of a run config that does not name one (an app whose pyproject lacks the key)
 
 
+PULL_INTERVAL = 0.05  # seconds: chosen by bench/deploy_cost.py's rounds (docs/deployment.md)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExecutionSettings(KeyedSettings):
     """Where clients compute, and where and how often the run writes."""
@@ -220,6 +223,9 @@ class ExecutionSettings(KeyedSettings):
     api: str = key(DEFAULT_API, "Flower's API for the run's messages: message (the Message API: one Message per node, "
                    "every phase sent and awaited at once) or legacy (Strategy + NumPyClient, a thread per message); "
                    "the same records either way (docs/own-app.md#flowers-message-api)", choices=FLOWER_APIS)
+    pull_interval: float = key(PULL_INTERVAL, "seconds between the server's pulls of its replies, one pull loop for "
+                               "every waiting message (Flower's deployed grid waits 3 s); each pull is one request "
+                               "to the SuperLink (docs/deployment.md#what-a-round-costs)", at_least=0.01, at_most=10.0)
     results_dir: str = key("results", "results go to <results-dir>/<run-name>/ (a relative path: under ~/stamen/)")
     run_name: str = key("", "empty: <strategy>-<dataset>-<timestamp>; else one folder name under results-dir (no '/', "
                         "'\\', '.', '..'); a folder holding an earlier run is refused (continue it with resume-from)")

@@ -1,0 +1,155 @@
+"""A Flower ``Grid`` that waits for replies on a short interval, in one pull loop for every caller.
+
+Flower 1.42's deployed grid (``flwr/superlink/grid/http_grid.py``, ``HttpGrid.send_and_receive``)
+pushes a phase's messages and then pulls their replies every 3 s, a hard-coded sleep:
+a reply that came back in 0.2 s waits up to 3 s more before the ServerApp sees it. The
+legacy API calls ``send_and_receive`` once per client, from a thread each
+(``flwr/server/compat/grid_client_proxy.py``), so a round of N clients runs N such loops.
+
+:class:`PacedGrid` wraps any grid and keeps its every call but one: ``send_and_receive``
+pushes through the wrapped grid (``Grid.push_messages``, public) and waits for the replies
+while one pull loop, shared by every thread that waits, asks the wrapped grid
+(``Grid.pull_messages``, public) for all the replies awaited, at most once per
+``pull-interval`` seconds. A phase of the Message API is one caller; the legacy API's
+threads share the loop, so the SuperLink sees ``1 / pull-interval`` pulls a second
+however many clients a round has.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+
+from flwr.app import Message, RecordDict
+from flwr.proto.node_pb2 import NodeInfo  # Grid's own annotation (flwr/serverapp/grid/grid.py)
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+from flwr.superlink.grid.http_grid import HttpGrid
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+FLOWER_POLLING_GRIDS = (HttpGrid, InMemoryGrid)  # their send_and_receive sleeps between pulls
+
+
+def paced(grid: Grid, interval: float) -> Grid:
+    """``grid`` in a :class:`PacedGrid` where it is one of Flower's polling grids; any other grid as it is.
+
+    Flower's deployed grid (``HttpGrid``, 3 s) and its simulation grid (``InMemoryGrid``,
+    0.1 s) wait by polling; a grid of another kind (a test's, an app's) keeps its own wait.
+    """
+    if isinstance(grid, PacedGrid) or not isinstance(grid, FLOWER_POLLING_GRIDS):
+        return grid
+    return PacedGrid(grid=grid, interval=interval)
+
+
+class _Waiter:
+    """One caller's awaited message ids, the replies it got, and the event that wakes it."""
+
+    def __init__(self, message_ids: set[str]) -> None:
+        self.awaited = message_ids
+        self.replies: list[Message] = []
+        self.woken = threading.Event()
+
+
+class PacedGrid(Grid):
+    """``grid`` with its replies pulled every ``interval`` seconds by one loop (see the module's docstring).
+
+    Parameters
+    ----------
+    grid
+        The grid Flower handed the ServerApp.
+    interval
+        Seconds between two pulls of the replies (the ``pull-interval`` key).
+
+    """
+
+    def __init__(self, *, grid: Grid, interval: float) -> None:
+        if not interval > 0:
+            raise ValueError(f"pull interval must be positive, got {interval!r}")
+        self.grid = grid
+        self.interval = interval
+        self.pulls = 0  # how many pulls the loop made (its one-line report, the SuperLink's request rate)
+        self.created = time.monotonic()
+        self._waiters: list[_Waiter] = []
+        self._lock = threading.Lock()  # guards the waiters and the time of the last pull
+        self._pulling = threading.Lock()  # held by the one thread pulling for everyone
+        self._last_pull = float("-inf")
+
+    # ------------------------------------------------------------------ the wrapped grid, unchanged
+
+    def set_run(self, run: Run) -> None:
+        self.grid.set_run(run)
+
+    @property
+    def run(self) -> Run:
+        return self.grid.run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:  # fmt: skip
+        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.grid.get_node_ids()
+
+    def get_nodes(self) -> Iterable[NodeInfo]:
+        return self.grid.get_nodes()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.grid.pull_messages(message_ids)
+
+    def report(self) -> str:
+        """One line: the pulls made, over how long, and their rate (each pull is one request to the SuperLink)."""
+        seconds = time.monotonic() - self.created
+        return (f"{self.pulls} pulls of replies in {seconds:.1f} s ({self.pulls / max(seconds, 1e-9):.1f}/s; at most "
+                f"one every {self.interval:g} s while the server waits)")
+
+    # ------------------------------------------------------------------ the paced wait
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """Push ``messages``, then the replies that come within ``timeout`` seconds (``None``: wait for all)."""
+        waiter = _Waiter(set(self.grid.push_messages(messages)))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            self._waiters.append(waiter)
+        try:
+            while waiter.awaited and (deadline is None or time.monotonic() < deadline):
+                self._pull_if_due()
+                if waiter.awaited:
+                    waiter.woken.wait(self._until_next_pull(deadline))
+                    waiter.woken.clear()
+        finally:
+            with self._lock:
+                self._waiters.remove(waiter)
+        return waiter.replies
+
+    def _until_next_pull(self, deadline: float | None) -> float:
+        now = time.monotonic()
+        wait = max(self._last_pull + self.interval - now, 0.001)
+        return wait if deadline is None else max(min(wait, deadline - now), 0.0)
+
+    def _pull_if_due(self) -> None:
+        """Pull every awaited reply once, if ``interval`` has passed since the last pull and no one else is pulling."""
+        if not self._pulling.acquire(blocking=False):
+            return
+        try:
+            with self._lock:
+                if time.monotonic() - self._last_pull < self.interval:
+                    return
+                self._last_pull = time.monotonic()
+                awaited = {message_id for waiter in self._waiters for message_id in waiter.awaited}
+            if not awaited:
+                return
+            replies = list(self.grid.pull_messages(awaited))
+            self.pulls += 1
+            with self._lock:
+                for waiter in self._waiters:
+                    mine = [r for r in replies if r.metadata.reply_to_message_id in waiter.awaited]
+                    if mine:
+                        waiter.replies.extend(mine)
+                        waiter.awaited.difference_update(r.metadata.reply_to_message_id for r in mine)
+                        waiter.woken.set()
+        finally:
+            self._pulling.release()
