@@ -39,7 +39,7 @@ from app.fork_server import die_with_parent
 from app.local.processes import free_port
 
 TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"  # flwr/supercore/superexec/run_superexec.py reads it
-TASK_POLL = 0.05  # seconds: measured by bench/deploy_cost.py (docs/deployment.md#what-a-round-costs)
+TASK_POLL = 0.2  # seconds: bench/edge_rounds.py (docs/deployment.md#what-a-round-costs)
 RESERVED = ("--isolation", "--port", "--host")  # the device sets these for the SuperNode-SuperExec link
 # app.warm_exec in a clone, stamen.app.warm_exec installed: the package this module was imported from
 WARM_EXEC = f"{__package__}.warm_exec"

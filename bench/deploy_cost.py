@@ -34,8 +34,6 @@ counted twice) and, for reference, the sum of RSS.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -48,8 +46,9 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
 
 from app.local.deployment import LocalDeployment  # noqa: E402
 from app.local.simulation import FINISHED_OK  # noqa: E402
+from bench.deploy_setup import Env, node_cpus, read_profile, settled
 from bench.harness import REPO, arguments, local_simulation, machine, results_folder, write_report
-from bench.samplers import MemorySampler, process_stat, process_trees  # noqa: E402
+from bench.samplers import MemorySampler  # noqa: E402
 from datasets.tools.device_folders import CLASSES, INPUT_SHAPE, make_device_folders  # noqa: E402
 
 PHASES = ("flower", "imports", "data", "build", "work")
@@ -61,28 +60,6 @@ def run_config(rounds: int, results: Path, name: str) -> dict[str, object]:
     return {"strategy": "perfedavg", "dataset": "imagefolder", "classes": CLASSES, "input-shape": INPUT_SHAPE,
             "num-server-rounds": rounds, "fraction-fit": 1.0, "eval-every": rounds, "min-fit-clients": 2,
             "results-dir": str(results), "run-name": name}  # fmt: skip
-
-
-class Env:
-    """Set environment variables for the processes started inside the block (they copy ``os.environ``)."""
-
-    def __init__(self, **values: str) -> None:
-        self.values, self.saved = values, {}
-
-    def __enter__(self) -> None:
-        self.saved = {k: os.environ.get(k) for k in self.values}
-        os.environ.update(self.values)
-
-    def __exit__(self, *exc: object) -> None:
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def read_profile(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def fab_bytes(app_dir: Path) -> int:
@@ -98,50 +75,15 @@ def deployment_case(app_dir: Path, devices: list[Path], rounds: int, work: Path,
         with LocalDeployment(app_dir=app_dir, num_nodes=len(devices), node_data=devices, warm=warm,
                              workdir=work / "deployment") as deployment:  # fmt: skip
             roots = [node.process.pid for node in deployment.nodes.values()]
-            before = _settled(roots)  # every device connected and (warm) its fork server ready: what starting cost
+            before = settled(roots)  # every device connected and (warm) its fork server ready: what starting cost
             with MemorySampler(roots) as memory:
                 outcome = deployment.run(run_config(rounds, work / "results", "cost"), timeout_s=900)
-            node_cpu = _node_cpus(roots)
+            node_cpu = node_cpus(roots)
         wall = time.perf_counter() - started
     if outcome.status != FINISHED_OK:
         raise RuntimeError(f"deployment run ended {outcome.status}:\n{outcome.log[-3000:]}")
     return {"messages": read_profile(profile), "run-wall": outcome.wall_seconds, "case-wall": wall,
             "supernode-cpu": node_cpu, "before-run-cpu": before, "peak-memory": memory.peaks()}  # fmt: skip
-
-
-def _settled(roots: list[int], *, idle_cpu_s: float = 0.05, timeout_s: float = 120) -> list[dict[str, float]]:
-    """Each device's CPU once all of them are idle (under ``idle_cpu_s`` CPU-s per second each, over 2 s)."""
-    last = _node_cpus(roots)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        time.sleep(2)
-        now = _node_cpus(roots)
-        busiest = max(sum(n.values()) - sum(b.values()) for n, b in zip(now, last, strict=True)) / 2
-        last = now
-        if busiest < idle_cpu_s:
-            break
-    return last
-
-
-def _node_cpus(roots: list[int]) -> list[dict[str, float]]:
-    """CPU seconds of each SuperNode's process tree: itself, and its descendants with the processes they reaped.
-
-    The SuperNode starts a SuperExec, which starts one ClientApp process per message and
-    reaps it: a finished ClientApp's CPU is in the SuperExec's children's time (a warm
-    device: ``app.device`` starts both, and the fork server reaps the ClientApps).
-    """
-    tick = os.sysconf("SC_CLK_TCK")
-    found = []
-    for root, tree in process_trees(roots).items():
-        totals = {"supernode": 0.0, "descendants": 0.0}
-        for member in tree:
-            try:
-                fields = process_stat(member)
-            except OSError:
-                continue
-            totals["supernode" if member == root else "descendants"] += sum(int(fields[i]) for i in (11, 12, 13, 14))
-        found.append({name: ticks / tick for name, ticks in totals.items()})
-    return found
 
 
 def simulation_case(app_dir: Path, folder: Path, nodes: int, rounds: int, work: Path) -> dict:

@@ -44,6 +44,11 @@ class MessageFormatError(ValueError):
     """A message whose records are not the ones stamen sends or expects back (named in the text)."""
 
 
+def metric_record(metrics: Mapping[str, object]) -> MetricRecord:
+    """The numeric values of ``metrics`` as a MetricRecord (Flower's holds only numbers)."""
+    return MetricRecord(numbers_of(metrics))
+
+
 def array_of(tensor: bytes) -> Array:
     """Flower's ``Array`` over ``tensor`` (``numpy.save`` bytes), its dtype and shape read from the header only."""
     buffer = BytesIO(tensor)

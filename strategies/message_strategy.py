@@ -23,7 +23,7 @@ from logging import INFO, WARNING
 from typing import Protocol
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
-from flwr.common import Code, EvaluateRes, FitRes, Parameters, Scalar, Status
+from flwr.common import Code, EvaluateRes, FitRes, Parameters, Status
 from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 from flwr.serverapp import Grid
@@ -39,7 +39,7 @@ from strategies.message_codec import (
     array_records,
     check_like,
     instruction,
-    numbers_of,
+    metric_record,
     read_reply,
     same_arrays,
 )
@@ -63,14 +63,9 @@ class RoundClosing(Protocol):
     def fail(self, reason: str) -> None: ...
     def adopt_model(self, model: list) -> Parameters: ...
 
-    @property
-    def sent_names(self) -> tuple[str, ...]: ...
-
-    @property
-    def global_parameters(self) -> Parameters: ...
-
-    @property
-    def model_names(self) -> tuple[str, ...]: ...
+    sent_names: tuple[str, ...]  # read-only properties of the strategy
+    global_parameters: Parameters
+    model_names: tuple[str, ...]
 
 
 class MessageStrategy(Strategy):
@@ -84,8 +79,7 @@ class MessageStrategy(Strategy):
     num_rounds
         The rounds it has left to play (a resumed run's remaining rounds).
     pull_interval
-        Seconds between two pulls of the replies while :meth:`start` waits (``pull-interval``;
-        :class:`strategies.paced_grid.PacedGrid`).
+        Seconds between two pulls of the replies in :meth:`start` (``strategies/paced_grid.py``).
 
     """
 
@@ -139,7 +133,7 @@ class MessageStrategy(Strategy):
             self.parameters = parameters
         self.strategy.evaluate(server_round, self.parameters)
         self._handed = self._arrays(self.parameters)
-        return (self._handed if parameters is not None else None), _metric_record(metrics)
+        return (self._handed if parameters is not None else None), metric_record(metrics)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -159,7 +153,7 @@ class MessageStrategy(Strategy):
         results, failures = self._read(replies, fit=False)
         metrics = None
         if results or failures:
-            metrics = _metric_record(self.strategy.aggregate_evaluate(server_round, results, failures)[1])
+            metrics = metric_record(self.strategy.aggregate_evaluate(server_round, results, failures)[1])
         self.strategy.end_round(server_round)
         return metrics
 
@@ -301,8 +295,3 @@ class MessageStrategy(Strategy):
         if parameters is None:
             return ArrayRecord()
         return array_records(parameters.tensors, None, self.strategy.model_names)[MODEL_RECORD]
-
-
-def _metric_record(metrics: dict[str, Scalar]) -> MetricRecord:
-    """The numeric values of ``metrics`` (Flower's MetricRecord holds only numbers)."""
-    return MetricRecord(numbers_of(metrics))

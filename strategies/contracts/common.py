@@ -210,7 +210,7 @@ FLOWER_APIS = ("message", "legacy")
 DEFAULT_API = "message"  # the api of a run config that does not name one (an app whose pyproject lacks the key)
 
 
-PULL_INTERVAL = 0.05  # seconds: chosen by bench/deploy_cost.py's rounds (docs/deployment.md)
+PULL_INTERVAL = 0.1  # seconds: bench/edge_rounds.py (docs/deployment.md#what-a-round-costs)
 
 
 @dataclass(frozen=True, kw_only=True)
