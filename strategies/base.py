@@ -123,8 +123,9 @@ class FederatedStrategy(Strategy):
         if settings.tuner is not None:  # tune = "fathom" over another method: its clients report phi too
             fit_specs[PHI_METRIC.name] = PHI_METRIC
         self.divergence = DivergenceWatch(patience=settings.run.stop_after_nonfinite, initial_model=self.global_model)
+        class_names = self.class_names()
         self.watch = RunWatch(hooks=self, settings=settings, recorder=self.recorder, nodes=self.nodes, model=self.model,
-                              divergence=self.divergence, class_names=self.class_names())  # fmt: skip
+                              divergence=self.divergence, class_names=class_names)  # fmt: skip
         update_screen = UpdateNormScreen(ratio=settings.run.max_update_ratio, returns=self.contract.returns,
                                          nodes=self.nodes)  # fmt: skip
         self.reply_screen = ReplyScreen(name=self.name, returns=self.contract.returns, nodes=self.nodes,
@@ -136,7 +137,7 @@ class FederatedStrategy(Strategy):
                                    reply_screen=self.reply_screen, watch=self.watch, recorder=self.recorder,
                                    central_evaluation=central_evaluation, fit_specs=fit_specs,
                                    evaluate_specs={m.name: m for m in EVALUATE_METRICS},
-                                   class_names=self.class_names())  # fmt: skip
+                                   class_names=class_names)  # fmt: skip
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rounds={self.num_rounds})"

@@ -142,8 +142,9 @@ class FlowerRounds:
 
     def take_record(self, server_round: int) -> tuple[dict, float]:
         """The round's record (``round`` and ``strategy`` at least) and when the round began; the next starts empty."""
-        record = self.record or {"round": server_round, "strategy": self.hooks.name}
-        self.record = {}
+        if not self.record:  # no fit was configured this round: nothing to time
+            return {"round": server_round, "strategy": self.hooks.name}, time.perf_counter()
+        record, self.record = self.record, {}
         return record, self.record_started
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters:

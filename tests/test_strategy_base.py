@@ -378,3 +378,11 @@ def test_begin_round_sees_the_chosen_partitions_before_any_message_is_built():
     assert strategy.record["update-norm-max"] == pytest.approx(np.sqrt(9))
     strategy.configure_evaluate(1, strategy.global_parameters, manager)
     assert calls[-1] == (1, [0, 1, 2], "evaluate")
+
+
+def test_a_round_closed_without_a_fit_is_recorded_with_no_time_of_an_earlier_one():
+    strategy, _, _, _ = make_strategy(num_rounds=3)
+    strategy.rounds.record_started -= 100.0  # as if the last fit was configured long ago
+    strategy.end_round(1)
+    (record,) = strategy.history
+    assert record["round"] == 1 and record["round-seconds"] < 50.0
