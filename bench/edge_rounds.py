@@ -25,7 +25,6 @@ log line), and each device's idle CPU per second (10 s, before the run).
 from __future__ import annotations
 
 import json
-import os
 import re
 import statistics
 import tempfile
@@ -40,7 +39,6 @@ from app.local.deployment import LocalDeployment  # noqa: E402
 from app.local.simulation import FINISHED_OK  # noqa: E402
 from bench.deploy_setup import Env, node_cpus, read_profile, settled
 from bench.harness import REPO, arguments, machine, results_folder, write_report
-from bench.samplers import process_stat, process_trees  # noqa: E402
 from datasets.tools.device_folders import CLASSES, INPUT_SHAPE, make_device_folders  # noqa: E402
 
 WAITS = {"flower": {"pull-interval": 3.0, "task-poll": 1.0}, "stamen": {"pull-interval": None, "task-poll": None}}
@@ -55,18 +53,6 @@ def run_config(nodes: int, rounds: int, results: Path, name: str, pull_interval:
     if pull_interval is not None:
         config["pull-interval"] = pull_interval
     return config
-
-
-def tree_cpu(pids: list[int]) -> float:
-    """CPU seconds of the process trees under ``pids`` (living members, with what they reaped)."""
-    tick, total = os.sysconf("SC_CLK_TCK"), 0
-    for tree in process_trees(pids).values():
-        for member in tree:
-            try:
-                total += sum(int(f) for f in process_stat(member)[11:15])
-            except OSError:
-                continue
-    return total / tick
 
 
 def case(folders: list[Path], rounds: int, work: Path, *, warm: bool, waits: dict) -> dict:
@@ -85,13 +71,13 @@ def case(folders: list[Path], rounds: int, work: Path, *, warm: bool, waits: dic
             idle = [(sum(b.values()) - sum(a.values())) / (time.monotonic() - started)
                     for a, b in zip(idle_start, node_cpus(roots), strict=True)]  # fmt: skip
             server = [deployment.superlink.process.pid]
-            cpu_before, wall_before = tree_cpu(server), time.monotonic()
+            cpu_before, wall_before = total_cpu(server), time.monotonic()
             config = run_config(len(folders), rounds, work / "results", "rounds", waits["pull-interval"])
             run_id = deployment.submit(config)
             # `flwr log --stream` can drop out on a loaded machine (20 devices on 2 cores): wait on the status
             summary = work / "results" / "rounds" / "summary.json"
             status = deployment.wait_all([run_id], timeout_s=1800, poll_s=5, ready=summary.exists)[run_id]
-            server_cpu = (tree_cpu(server) - cpu_before) / (time.monotonic() - wall_before)
+            server_cpu = (total_cpu(server) - cpu_before) / (time.monotonic() - wall_before)
             log = deployment.cli.follow(run_id, timeout_s=120)  # the finished run's whole log
     if status != FINISHED_OK:
         raise RuntimeError(f"deployment run ended {status}:\n{log[-3000:]}")
@@ -105,6 +91,11 @@ def case(folders: list[Path], rounds: int, work: Path, *, warm: bool, waits: dic
             "wait-seconds": [w - c for w, c in zip(walls, computes, strict=True)],
             "server-cpu-per-s": server_cpu, "device-idle-cpu-per-s": idle,
             "pulls-per-s": int(pulls[1]) / float(pulls[2]) if pulls else None}  # fmt: skip
+
+
+def total_cpu(roots: list[int]) -> float:
+    """CPU seconds of the process trees under ``roots`` (living members, with what they reaped)."""
+    return sum(sum(tree.values()) for tree in node_cpus(roots))
 
 
 def compute_per_round(messages: list[dict]) -> dict[str, float]:
