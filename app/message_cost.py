@@ -69,7 +69,7 @@ def cost_mod(message: Message, context: Context, call_next: Callable[[Message, C
     end = now()
     record: dict[str, object] = {"pid": os.getpid(), "kind": message.metadata.message_type,
                                  "round": message.metadata.group_id, "node": context.node_id,
-                                 "first-in-process": _state["first"], "ended-unix": time.time()}  # fmt: skip
+                                 "first-in-process": _state["first"]}  # fmt: skip
     phases = {}
     if _state["first"]:
         forked_at = os.environ.get(FORKED_AT_ENV)

@@ -7,10 +7,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from logging import INFO
 
 from flwr.common import Context
-from flwr.common.logger import log
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.compat import start_grid
@@ -22,7 +20,7 @@ from app.own_parts import ModelFn, OwnParts
 from app.server_run import refused, run_strategy
 from strategies.contracts.common import DEFAULT_API, ExecutionSettings
 from strategies.contracts.models import ModelCard
-from strategies.paced_grid import PacedGrid, paced
+from strategies.paced_grid import paced_run
 from strategies.server import RoundServer
 
 
@@ -81,12 +79,8 @@ def server_main(parts: OwnParts) -> Callable[[Grid, Context], None]:
             return
         components = server_function(parts)(context)  # a bad api value is refused here, with the allowed ones
         # one pull loop for every client thread, every pull-interval s (Flower's deployed grid: 3 s per thread)
-        grid = paced(grid, ExecutionSettings.from_config(context.run_config).pull_interval)
-        try:
-            start_grid(grid=grid, server=components.server, config=components.config)
-        finally:
-            if isinstance(grid, PacedGrid):
-                log(INFO, "stamen: %s", grid.report())
+        with paced_run(grid, ExecutionSettings.from_config(context.run_config).pull_interval) as run_grid:
+            start_grid(grid=run_grid, server=components.server, config=components.config)
 
     return main
 

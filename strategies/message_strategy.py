@@ -43,7 +43,7 @@ from strategies.message_codec import (
     read_reply,
     same_arrays,
 )
-from strategies.paced_grid import PacedGrid, paced
+from strategies.paced_grid import paced_run
 from strategies.run_watch import RunDivergedError
 
 OK = Status(code=Code.OK, message="")
@@ -196,24 +196,21 @@ class MessageStrategy(Strategy):
         rounds = self.num_rounds if num_rounds is None else num_rounds
         self.timeout = timeout
         result = Result()
-        grid = paced(grid, self.pull_interval)  # Flower's deployed grid would pull every 3 s
         try:
-            self._started(grid)
-            arrays = self._handed = self._arrays(self.parameters)
-            if initial_arrays is not None:
-                check_like(initial_arrays, arrays)
-                arrays = initial_arrays
-            for server_round in range(1, rounds + 1):
-                arrays = self._round(grid, server_round, arrays, train_config or ConfigRecord(),
-                                     evaluate_config or ConfigRecord(), evaluate_fn, result)  # fmt: skip
+            with paced_run(grid, self.pull_interval) as grid:  # Flower's deployed grid would pull every 3 s
+                self._started(grid)
+                arrays = self._handed = self._arrays(self.parameters)
+                if initial_arrays is not None:
+                    check_like(initial_arrays, arrays)
+                    arrays = initial_arrays
+                for server_round in range(1, rounds + 1):
+                    arrays = self._round(grid, server_round, arrays, train_config or ConfigRecord(),
+                                         evaluate_config or ConfigRecord(), evaluate_fn, result)  # fmt: skip
         except RunDivergedError as stop:
             log(WARNING, "the run stopped early: %s", stop)
         except Exception as err:
             self.strategy.fail(" ".join(str(err).split()) or type(err).__name__)
             raise
-        finally:
-            if isinstance(grid, PacedGrid):
-                log(INFO, "stamen: %s", grid.report())
         return result
 
     def _round(self, grid: Grid, server_round: int, arrays: ArrayRecord, train_config: ConfigRecord,

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from logging import INFO
 
 from flwr.app import Message, RecordDict
+from flwr.common.logger import log
 from flwr.proto.node_pb2 import NodeInfo  # Grid's own annotation (flwr/serverapp/grid/grid.py)
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
@@ -40,6 +43,17 @@ def paced(grid: Grid, interval: float) -> Grid:
     if isinstance(grid, PacedGrid) or not isinstance(grid, FLOWER_POLLING_GRIDS):
         return grid
     return PacedGrid(grid=grid, interval=interval)
+
+
+@contextmanager
+def paced_run(grid: Grid, interval: float) -> Iterator[Grid]:
+    """``paced(grid, interval)`` for a run; afterwards, one log line of its pulls (when it was paced)."""
+    run_grid = paced(grid, interval)
+    try:
+        yield run_grid
+    finally:
+        if isinstance(run_grid, PacedGrid):
+            log(INFO, "stamen: %s", run_grid.report())
 
 
 class _Waiter:

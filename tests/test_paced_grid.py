@@ -125,10 +125,10 @@ def test_the_wrapped_grid_answers_everything_else():
         PacedGrid(grid=grid, interval=0.0)
 
 
-def test_only_flowers_polling_grids_are_paced():
+def test_only_flowers_polling_grids_are_paced(caplog):
     from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-    from strategies.paced_grid import paced
+    from strategies.paced_grid import paced, paced_run
 
     class Factory:
         def state(self):
@@ -140,3 +140,9 @@ def test_only_flowers_polling_grids_are_paced():
     assert paced(own, 0.05) is own
     twice = paced(simulation, 0.05)
     assert paced(twice, 0.05) is twice
+    with caplog.at_level("INFO", logger="flwr"):
+        with paced_run(simulation, 0.05) as run_grid:  # a run: paced, and its pulls reported once at the end
+            assert isinstance(run_grid, PacedGrid)
+        with paced_run(own, 0.05) as run_grid:
+            assert run_grid is own
+    assert sum("pulls of replies in" in r.getMessage() for r in caplog.records) == 1
