@@ -366,8 +366,8 @@ class FederatedStrategy(Strategy):
 
     def end_round(self, server_round: int) -> None:
         """Close the round (its record to :attr:`watch`: the record, divergence watch, checkpoint, the run's end)."""
-        record, started = self.rounds.take_record(server_round)
-        self.watch.end_round(server_round, record, started=started, sent_model=self.rounds.sent_model)
+        closed = self.rounds.take_record(server_round)
+        self.watch.end_round(server_round, closed.record, started=closed.started, sent_model=closed.sent_model)
 
     def fail(self, reason: str) -> None:
         """End the run as failed: the records so far stay, and the summary says why (``status`` ``failed``)."""

@@ -5,17 +5,19 @@ plays a round as Flower asks: the preflight before round 1, the fit and evaluate
 instructions (the model a partition is sent, the contract's array sets and their layout,
 each list of arrays encoded once a round) and the aggregation of the replies through the
 members it is handed (the reply screen, the global model, the tuner, the run's watch).
-It builds the round's record, a value :meth:`FlowerRounds.take_record` hands on when the
-round closes. The method's hooks come in as :class:`MethodHooks`; the strategy's Flower
-methods are one line each, calling these. The Message API adapter
-(:mod:`strategies.message_strategy`) drives the same methods, turning their instructions
-into Messages and the replies back.
+It builds each round's record, a value :meth:`FlowerRounds.take_record` hands on when the
+round closes; rounds are kept apart by number, so the Message API adapter may configure
+round r+1's fit before round r's evaluation closes it (``overlap-rounds``). The method's
+hooks come in as :class:`MethodHooks`; the strategy's Flower methods are one line each,
+calling these. The Message API adapter (:mod:`strategies.message_strategy`) drives the
+same methods, turning their instructions into Messages and the replies back.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from logging import ERROR, INFO, WARNING
 from typing import Protocol
 
@@ -43,6 +45,16 @@ from strategies.screening import Reply, evaluate_reply_problem, is_non_finite
 from strategies.tuner import FathomTuner
 
 PREFLIGHT_LOG = "preflight-errors.log"
+
+
+@dataclass
+class OpenRound:
+    """A round between its fit's configuration and its close: its record, when it began, the model it sent."""
+
+    record: dict
+    sent_model: list[np.ndarray]
+    started: float = field(default_factory=time.perf_counter)
+    evaluate_started: float = field(default_factory=time.perf_counter)
 
 
 def refuse_plain_server(caller: object) -> None:
@@ -129,23 +141,31 @@ class FlowerRounds:
         self.fit_specs = fit_specs
         self.evaluate_specs = evaluate_specs
         self.class_names = class_names
-        self.record: dict = {}  # the round's record while the round runs; take_record hands it on
-        self.record_started = time.perf_counter()
-        self.connected_partitions: list[int] = []  # the partitions connected when this round's fit was configured
-        self.sent_model = model.arrays  # the model sent in the current round
-        self.evaluate_started = self.record_started
+        self.open: dict[int, OpenRound] = {}  # the rounds begun and not closed (two while rounds overlap)
+        self.connected_partitions: list[int] = []  # the partitions connected when the last fit was configured
         self._encoded: dict[int, tuple[list[np.ndarray], list[bytes]]] = {}  # while one round's messages are built
 
     def is_evaluation_round(self, server_round: int) -> bool:
         due = server_round % self.run.eval_every == 0 or server_round == self.run.num_server_rounds
         return due and self.run.fraction_evaluate > 0
 
-    def take_record(self, server_round: int) -> tuple[dict, float]:
-        """The round's record (``round`` and ``strategy`` at least) and when the round began; the next starts empty."""
-        if not self.record:  # no fit was configured this round: nothing to time
-            return {"round": server_round, "strategy": self.hooks.name}, time.perf_counter()
-        record, self.record = self.record, {}
-        return record, self.record_started
+    @property
+    def record(self) -> dict:
+        """The record of the round in play: the oldest open one, which closes next (``{}`` when none is open)."""
+        return self.open[min(self.open)].record if self.open else {}
+
+    def round_of(self, server_round: int) -> OpenRound:
+        """``server_round`` as it stands, begun now (``round`` and ``strategy``) if no fit began it."""
+        if server_round not in self.open:
+            self.open[server_round] = OpenRound(record={"round": server_round, "strategy": self.hooks.name},
+                                                sent_model=self.model.arrays)  # fmt: skip
+        return self.open[server_round]
+
+    def take_record(self, server_round: int) -> OpenRound:
+        """The round's record (``round`` and ``strategy`` at least), when it began and the model it sent; closed."""
+        closed = self.round_of(server_round)
+        del self.open[server_round]
+        return closed
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters:
         """Wait for ``min-available-clients``, run the preflight, then the method's ``start``; the global model.
@@ -186,19 +206,18 @@ class FlowerRounds:
     def configure_fit(self, server_round: int, client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         config = self.hooks.fit_config(server_round)  # the values in force, which the record keeps
         self.watch.mark("first-round-start-seconds")
-        self.sent_model = self.model.arrays
-        self.record_started = time.perf_counter()
-        self.record = {"round": server_round, "strategy": self.hooks.name}
-        self.record.update({f"hp-{k}": v for k, v in config.items() if k != "server-round"})
+        record = {"round": server_round, "strategy": self.hooks.name}
+        self.open[server_round] = OpenRound(record=record, sent_model=self.model.arrays)
+        record.update({f"hp-{k}": v for k, v in config.items() if k != "server-round"})
         nodes = connected(self.nodes, client_manager)
         self.connected_partitions = sorted(nodes)
         chosen = self.hooks.sample_fit(server_round, self.connected_partitions)
-        self.record.update({"clients-sampled": len(chosen), "fit-partitions": chosen})
-        self.record.update(self.hooks.begin_round(server_round, chosen, "fit") or {})  # None: nothing to record
+        record.update({"clients-sampled": len(chosen), "fit-partitions": chosen})
+        record.update(self.hooks.begin_round(server_round, chosen, "fit") or {})  # None: nothing to record
         # each node is told its partition (a device with its own data learns its number so) and the layout
         configs = self.tuner.configs(server_round, chosen, config) if self.tuner is not None else {}
         instructions = [(nodes[p], FitIns(*self._message(p, "fit", configs.get(p, config)))) for p in chosen]
-        self.record["fit-bytes-sent"] = sum(_size(ins.parameters) for _, ins in instructions)
+        record["fit-bytes-sent"] = sum(_size(ins.parameters) for _, ins in instructions)
         return instructions
 
     def _message(self, partition: int, purpose: str, config: dict[str, Scalar]) -> tuple[Parameters, dict[str, Scalar]]:
@@ -240,9 +259,10 @@ class FlowerRounds:
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         self._encoded.clear()  # this round's messages are built and sent
-        self.record["fit-bytes-received"] = sum(_size(res.parameters) for _, res in results)
+        record = self.round_of(server_round).record
+        record["fit-bytes-received"] = sum(_size(res.parameters) for _, res in results)
         replies, rejected, screened = self.hooks.screen_fit(server_round, results)
-        self.record.update(screened)
+        record.update(screened)
         metrics = fit_summary(replies, self.fit_specs.values())
         previous = self.model.shared_arrays
         # a tuner's probe round: its clients tried several step sizes, and the model takes the start value's replies
@@ -260,9 +280,9 @@ class FlowerRounds:
             self.model.use_shared(arrays)
         elif not replies:
             log(WARNING, "round %s: no usable fit reply; the global model is unchanged", server_round)
-        self.record.update({"clients-succeeded": len(replies), "clients-failed": len(failures) + rejected,
-                            "clients-rejected": rejected, **metrics})  # fmt: skip
-        self.record.update(self.reply_screen.failures("fit", server_round, failures))
+        record.update({"clients-succeeded": len(replies), "clients-failed": len(failures) + rejected,
+                       "clients-rejected": rejected, **metrics})  # fmt: skip
+        record.update(self.reply_screen.failures("fit", server_round, failures))
         return (self.model.parameters if arrays is not None else None), metrics
 
     def evaluate(self, server_round: int) -> tuple[float, dict[str, Scalar]] | None:
@@ -270,7 +290,7 @@ class FlowerRounds:
         if self.central_evaluation is None or server_round == 0:
             return None
         metrics = self.central_evaluation(self.model.arrays)
-        self.record.update({f"central-{k}": v for k, v in metrics.items()})
+        self.round_of(server_round).record.update({f"central-{k}": v for k, v in metrics.items()})
         return metrics["loss"], metrics
 
     def configure_evaluate(
@@ -278,15 +298,16 @@ class FlowerRounds:
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         if not self.is_evaluation_round(server_round):
             return []
-        self.evaluate_started = time.perf_counter()
+        this = self.round_of(server_round)
+        this.evaluate_started = time.perf_counter()
         nodes = connected(self.nodes, client_manager)
         chosen = self.hooks.sample_evaluate(server_round, sorted(nodes))
-        self.record.update(self.hooks.begin_round(server_round, chosen, "evaluate") or {})
+        this.record.update(self.hooks.begin_round(server_round, chosen, "evaluate") or {})
         config = {**self.hooks.evaluate_config(), "server-round": server_round}
-        self.record["eval-adapt-lr"] = config.get("adapt-lr")  # the test-time step in force, which a tuner may move
+        this.record["eval-adapt-lr"] = config.get("adapt-lr")  # the test-time step in force, which a tuner may move
         instructions = [(nodes[p], EvaluateIns(*self._message(p, "evaluate", config))) for p in chosen]
         self._encoded.clear()
-        self.record["eval-bytes-sent"] = sum(_size(ins.parameters) for _, ins in instructions)
+        this.record["eval-bytes-sent"] = sum(_size(ins.parameters) for _, ins in instructions)
         return instructions
 
     def aggregate_evaluate(
@@ -308,9 +329,10 @@ class FlowerRounds:
         metrics = evaluation_summary(accepted)
         metrics["eval-clients-failed"] = len(results) - len(accepted) + len(failures)
         metrics["eval-clients-nonfinite"] = non_finite
-        self.record.update(metrics)
-        self.record["evaluate-seconds"] = time.perf_counter() - self.evaluate_started
-        self.record.update(self.reply_screen.failures("evaluate", server_round, failures))
+        this = self.round_of(server_round)
+        this.record.update(metrics)
+        this.record["evaluate-seconds"] = time.perf_counter() - this.evaluate_started
+        this.record.update(self.reply_screen.failures("evaluate", server_round, failures))
         return (metrics["loss"] if accepted else None), metrics
 
 

@@ -381,8 +381,11 @@ def test_begin_round_sees_the_chosen_partitions_before_any_message_is_built():
 
 
 def test_a_round_closed_without_a_fit_is_recorded_with_no_time_of_an_earlier_one():
-    strategy, _, _, _ = make_strategy(num_rounds=3)
-    strategy.rounds.record_started -= 100.0  # as if the last fit was configured long ago
+    strategy, manager, _, _ = make_strategy(num_rounds=3)
+    strategy.configure_fit(1, strategy.global_parameters, manager)
+    strategy.rounds.open[1].started -= 100.0  # as if round 1's fit was configured long ago
     strategy.end_round(1)
-    (record,) = strategy.history
-    assert record["round"] == 1 and record["round-seconds"] < 50.0
+    strategy.end_round(2)
+    first, second = strategy.history
+    assert first["round"] == 1 and first["round-seconds"] >= 100.0
+    assert second["round"] == 2 and second["round-seconds"] < 50.0
