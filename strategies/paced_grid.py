@@ -13,6 +13,12 @@ while one pull loop, shared by every thread that waits, asks the wrapped grid
 ``pull-interval`` seconds. A phase of the Message API is one caller; the legacy API's
 threads share the loop, so the SuperLink sees ``1 / pull-interval`` pulls a second
 however many clients a round has.
+
+A phase may also be pushed now and awaited later (:meth:`PacedGrid.send`, then
+:meth:`PacedGrid.receive`): the Message API adapter pushes round r's evaluation and
+round r+1's fit together where the grid delivers each node's messages in the order they
+were pushed (:attr:`PacedGrid.delivers_in_order`), so that a SuperNode finds the fit
+waiting when it has answered the evaluation, instead of sleeping 3 s first.
 """
 
 from __future__ import annotations
@@ -32,13 +38,29 @@ from flwr.superlink.grid.http_grid import HttpGrid
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 FLOWER_POLLING_GRIDS = (HttpGrid, InMemoryGrid)  # their send_and_receive sleeps between pulls
+# Flower's SuperLink hands a node its messages one per pull, oldest first (linkstate get_message_ins: the
+# in-memory state in insertion order, the SQL state by created_at), and a SuperNode answers one message before
+# it pulls the next (supernode/start_client_internal.py, _push_messages). The simulation engine runs a node's
+# messages on whichever backend worker is free, so two of them may run at once: it is not listed.
+IN_ORDER_GRIDS = (HttpGrid,)
+
+
+def delivers_in_order(grid: Grid) -> bool:
+    """Whether ``grid`` runs each node's messages one after another, in the order they were pushed.
+
+    Flower's deployed grid does; a grid of another kind says so with a true
+    ``delivers_in_order`` attribute (stamen's in-process grid does).
+    """
+    inner = grid.grid if isinstance(grid, PacedGrid) else grid
+    return isinstance(inner, IN_ORDER_GRIDS) or getattr(inner, "delivers_in_order", False) is True
 
 
 def paced(grid: Grid, interval: float) -> Grid:
     """``grid`` in a :class:`PacedGrid` where it is one of Flower's polling grids; any other grid as it is.
 
     Flower's deployed grid (``HttpGrid``, 3 s) and its simulation grid (``InMemoryGrid``,
-    0.1 s) wait by polling; a grid of another kind (a test's, an app's) keeps its own wait.
+    0.1 s) wait by polling; a grid of another kind (a test's, an app's) keeps its own wait
+    (and its rounds do not overlap: that needs :meth:`PacedGrid.send`).
     """
     if isinstance(grid, PacedGrid) or not isinstance(grid, FLOWER_POLLING_GRIDS):
         return grid
@@ -56,8 +78,8 @@ def paced_run(grid: Grid, interval: float) -> Iterator[Grid]:
             log(INFO, "stamen: %s", run_grid.report())
 
 
-class _Waiter:
-    """One caller's awaited message ids, the replies it got, and the event that wakes it."""
+class Pending:
+    """Messages pushed and not yet awaited: their ids, the replies pulled so far, and the event that wakes a waiter."""
 
     def __init__(self, message_ids: set[str]) -> None:
         self.awaited = message_ids
@@ -84,7 +106,7 @@ class PacedGrid(Grid):
         self.interval = interval
         self.pulls = 0  # how many pulls the loop made (its one-line report, the SuperLink's request rate)
         self.created = time.monotonic()
-        self._waiters: list[_Waiter] = []
+        self._waiters: list[Pending] = []
         self._lock = threading.Lock()  # guards the waiters and the time of the last pull
         self._pulling = threading.Lock()  # held by the one thread pulling for everyone
         self._last_pull = float("-inf")
@@ -118,16 +140,28 @@ class PacedGrid(Grid):
         """One line: the pulls made, over how long, and their rate (each pull is one request to the SuperLink)."""
         seconds = time.monotonic() - self.created
         return (f"{self.pulls} pulls of replies in {seconds:.1f} s ({self.pulls / max(seconds, 1e-9):.1f}/s; at most "
-                f"one every {self.interval:g} s while the server waits)")
+                f"one every {self.interval:g} s while the server waits)")  # fmt: skip
 
     # ------------------------------------------------------------------ the paced wait
 
+    @property
+    def delivers_in_order(self) -> bool:
+        return delivers_in_order(self.grid)
+
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Push ``messages``, then the replies that come within ``timeout`` seconds (``None``: wait for all)."""
-        waiter = _Waiter(set(self.grid.push_messages(messages)))
-        deadline = None if timeout is None else time.monotonic() + timeout
+        return self.receive(self.send(messages), timeout=timeout)
+
+    def send(self, messages: Iterable[Message]) -> Pending:
+        """Push ``messages`` now; their replies are pulled with the others awaited until :meth:`receive` takes them."""
+        waiter = Pending(set(self.grid.push_messages(messages)))
         with self._lock:
             self._waiters.append(waiter)
+        return waiter
+
+    def receive(self, waiter: Pending, *, timeout: float | None = None) -> list[Message]:
+        """The replies to ``waiter``'s messages that came by now or come within ``timeout`` seconds from now."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while waiter.awaited and (deadline is None or time.monotonic() < deadline):
                 self._pull_if_due()
@@ -138,6 +172,12 @@ class PacedGrid(Grid):
             with self._lock:
                 self._waiters.remove(waiter)
         return waiter.replies
+
+    def discard(self, waiter: Pending) -> None:
+        """Stop pulling the replies to ``waiter``'s messages (a run that stops with a phase in flight)."""
+        with self._lock:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
 
     def _until_next_pull(self, deadline: float | None) -> float:
         now = time.monotonic()

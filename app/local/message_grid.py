@@ -47,6 +47,8 @@ class InProcessGrid(Grid):
 
     """
 
+    delivers_in_order = True  # each message is answered when pushed (strategies/paced_grid.py)
+
     def __init__(
         self, *, run_config: Mapping[str, object], num_clients: int, client_app: ClientApp | None = None
     ) -> None:
