@@ -78,7 +78,8 @@ class MethodStrategy(MessageStrategy):
         except ConfigError as err:
             refused(err, config, parts)
             raise
-        super().__init__(strategy=strategy, num_rounds=rounds, pull_interval=settings.execution.pull_interval)
+        super().__init__(strategy=strategy, num_rounds=rounds, pull_interval=settings.execution.pull_interval,
+                         overlap_rounds=settings.execution.overlap_rounds)  # fmt: skip
 
 
 def run_on_grid(grid: Grid, run_config: Mapping[str, object], parts: OwnParts) -> None:

@@ -90,7 +90,7 @@ def build_strategy(settings: Settings, **options: object) -> FederatedStrategy:
 # What may change when a run resumes: its length, where and how often it writes, where it computes.
 RESUMABLE_CHANGES = frozenset(
     {"num-server-rounds", "checkpoint-every", "resume-from", "results-dir", "run-name", "device", "num-threads",
-     "eval-every", "api", "pull-interval"}
+     "eval-every", "api", "pull-interval", "overlap-rounds"}
 )  # fmt: skip
 
 

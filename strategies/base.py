@@ -369,6 +369,16 @@ class FederatedStrategy(Strategy):
         closed = self.rounds.take_record(server_round)
         self.watch.end_round(server_round, closed.record, started=closed.started, sent_model=closed.sent_model)
 
+    def can_overlap(self, server_round: int) -> bool:
+        """Whether round ``server_round + 1``'s fit may be configured before ``server_round`` closes.
+
+        The Message API adapter then sends it with the round's evaluation (``overlap-rounds``);
+        the run is the same, since closing a round changes nothing the next fit reads,
+        unless the method's contract says it does (``overlaps_rounds``) or the close writes
+        a checkpoint, which must hold the state before the next round's sampling.
+        """
+        return self.contract.overlaps_rounds and not self.watch.checkpoint_due(server_round)
+
     def fail(self, reason: str) -> None:
         """End the run as failed: the records so far stay, and the summary says why (``status`` ``failed``)."""
         self.watch.fail(reason)

@@ -14,6 +14,14 @@ after its evaluation, which stamen's record needs; :meth:`MessageStrategy.start`
 therefore plays the rounds itself, in the legacy server's order (fit, the server's
 test of the global model, the clients' evaluation, then the round's record), calling
 the four Message API methods a subclass may override.
+
+On a grid that runs each node's messages in the order they were pushed (Flower's
+deployed grid), round r+1's fit goes out with round r's evaluation (``overlap-rounds``):
+both carry the same global model, and a SuperNode that has answered the evaluation finds
+the fit waiting instead of sleeping 3 s before its next pull
+(``flwr/supernode/start_client_internal.py``). The records, the model and every figure
+are the same as without the overlap (``FederatedStrategy.can_overlap`` says when it is
+allowed); a run that stops at round r's close drops round r+1's fit unread.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ from strategies.message_codec import (
     read_reply,
     same_arrays,
 )
-from strategies.paced_grid import paced_run
+from strategies.paced_grid import PacedGrid, Pending, paced_run
 from strategies.run_watch import RunDivergedError
 
 OK = Status(code=Code.OK, message="")
@@ -60,6 +68,7 @@ class RoundClosing(Protocol):
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: GridNodes) -> list: ...
     def aggregate_evaluate(self, server_round: int, results: list, failures: list) -> tuple: ...
     def end_round(self, server_round: int) -> None: ...
+    def can_overlap(self, server_round: int) -> bool: ...
     def fail(self, reason: str) -> None: ...
     def adopt_model(self, model: list) -> Parameters: ...
 
@@ -80,16 +89,21 @@ class MessageStrategy(Strategy):
         The rounds it has left to play (a resumed run's remaining rounds).
     pull_interval
         Seconds between two pulls of the replies in :meth:`start` (``strategies/paced_grid.py``).
+    overlap_rounds
+        Send round r+1's fit with round r's evaluation where the grid allows (the module's docstring).
 
     """
 
-    def __init__(self, *, strategy: RoundClosing, num_rounds: int, pull_interval: float = PULL_INTERVAL) -> None:
+    def __init__(self, *, strategy: RoundClosing, num_rounds: int, pull_interval: float = PULL_INTERVAL,
+                 overlap_rounds: bool = True) -> None:  # fmt: skip
         self.strategy = strategy
         self.num_rounds = num_rounds
         self.pull_interval = pull_interval
+        self.overlap_rounds = overlap_rounds
         self.nodes: GridNodes | None = None
         self.parameters: Parameters | None = None  # the global model as the stamen strategy last gave it
-        self._sent: list[tuple[Message, ClientProxy]] = []  # the phase's messages (Flower sets their ids on sending)
+        # each phase's messages by (round, message type), until its replies are read (Flower sets their ids on sending)
+        self._sent: dict[tuple[int, str], list[tuple[Message, ClientProxy]]] = {}
         self._shadowed: set[str] = set()  # train_config keys already reported as set over stamen's own
         self.timeout = 3600.0  # seconds a phase waits for its replies (start's timeout)
         self._handed: ArrayRecord | None = None  # the global model as last handed to Flower's loop
@@ -127,7 +141,7 @@ class MessageStrategy(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The stamen strategy's aggregate of the screened replies; then the server's own test (``central-eval``)."""
-        results, failures = self._read(replies, fit=True)
+        results, failures = self._read(replies, self._sent.pop((server_round, MessageType.TRAIN), []), fit=True)
         parameters, metrics = self.strategy.aggregate_fit(server_round, results, failures)
         if parameters is not None:
             self.parameters = parameters
@@ -150,7 +164,7 @@ class MessageStrategy(Strategy):
             When the run is to stop (its summary already says why); :meth:`start` ends the run on it.
 
         """
-        results, failures = self._read(replies, fit=False)
+        results, failures = self._read(replies, self._sent.pop((server_round, MessageType.EVALUATE), []), fit=False)
         metrics = None
         if results or failures:
             metrics = metric_record(self.strategy.aggregate_evaluate(server_round, results, failures)[1])
@@ -203,9 +217,13 @@ class MessageStrategy(Strategy):
                 if initial_arrays is not None:
                     check_like(initial_arrays, arrays)
                     arrays = initial_arrays
+                if self.overlap_rounds and rounds > 1 and _in_order(grid):
+                    log(INFO, "stamen: each round's evaluation goes out with the next round's fit (overlap-rounds)")
+                train: Pending | list[Message] | None = None  # the round's fit, when it went out with the last round
                 for server_round in range(1, rounds + 1):
-                    arrays = self._round(grid, server_round, arrays, train_config or ConfigRecord(),
-                                         evaluate_config or ConfigRecord(), evaluate_fn, result)  # fmt: skip
+                    arrays, train = self._round(grid, server_round, arrays, train_config or ConfigRecord(),
+                                                evaluate_config or ConfigRecord(), evaluate_fn, result, train,
+                                                last=rounds)  # fmt: skip
         except RunDivergedError as stop:
             log(WARNING, "the run stopped early: %s", stop)
         except Exception as err:
@@ -214,22 +232,48 @@ class MessageStrategy(Strategy):
         return result
 
     def _round(self, grid: Grid, server_round: int, arrays: ArrayRecord, train_config: ConfigRecord,
-               evaluate_config: ConfigRecord, evaluate_fn: Callable | None, result: Result) -> ArrayRecord:  # fmt: skip
-        """One round as Flower's ``Strategy.start`` plays it; the global model after it."""
-        messages = list(self.configure_train(server_round, arrays, train_config, grid))
-        replies = list(grid.send_and_receive(messages, timeout=self.timeout)) if messages else []
-        new_arrays, train_metrics = self.aggregate_train(server_round, replies)
+               evaluate_config: ConfigRecord, evaluate_fn: Callable | None, result: Result,
+               train: Pending | list[Message] | None, *, last: int) -> tuple[ArrayRecord, Pending | None]:  # fmt: skip
+        """One round as Flower's ``Strategy.start`` plays it; the global model after it, and the next fit if sent.
+
+        ``train`` is this round's fit when it went out with the last round's evaluation.
+        """
+        if train is None:
+            train = self._send(grid, list(self.configure_train(server_round, arrays, train_config, grid)))
+        new_arrays, train_metrics = self.aggregate_train(server_round, self._receive(grid, train))
         if new_arrays is not None:
             result.arrays = arrays = new_arrays
         if train_metrics is not None:
             result.train_metrics_clientapp[server_round] = train_metrics
-        messages = list(self.configure_evaluate(server_round, arrays, evaluate_config, grid))
-        replies = list(grid.send_and_receive(messages, timeout=self.timeout)) if messages else []
-        if (evaluate_metrics := self.aggregate_evaluate(server_round, replies)) is not None:
+        evaluation = self._send(grid, list(self.configure_evaluate(server_round, arrays, evaluate_config, grid)))
+        next_train = None
+        if evaluation and self._overlaps(grid, server_round, last):
+            next_train = self._send(grid, list(self.configure_train(server_round + 1, arrays, train_config, grid)))
+        try:
+            evaluate_metrics = self.aggregate_evaluate(server_round, self._receive(grid, evaluation))
+        except BaseException:
+            if isinstance(next_train, Pending):  # the run stops: the next fit's replies are not awaited
+                grid.discard(next_train)
+            raise
+        if evaluate_metrics is not None:
             result.evaluate_metrics_clientapp[server_round] = evaluate_metrics
         if evaluate_fn is not None and (metrics := evaluate_fn(server_round, arrays)) is not None:
             result.evaluate_metrics_serverapp[server_round] = metrics
-        return arrays
+        return arrays, next_train
+
+    def _overlaps(self, grid: Grid, server_round: int, last: int) -> bool:
+        """Whether round ``server_round + 1``'s fit goes out with this round's evaluation."""
+        allowed = self.overlap_rounds and server_round < last and _in_order(grid)
+        return allowed and self.strategy.can_overlap(server_round)
+
+    def _send(self, grid: Grid, messages: list[Message]) -> Pending | list[Message]:
+        """A phase's messages pushed now where the grid can wait for them later; else kept to push when awaited."""
+        return grid.send(messages) if isinstance(grid, PacedGrid) and messages else messages
+
+    def _receive(self, grid: Grid, sent: Pending | list[Message]) -> list[Message]:
+        if isinstance(sent, Pending):
+            return grid.receive(sent, timeout=self.timeout)
+        return list(grid.send_and_receive(sent, timeout=self.timeout)) if sent else []
 
     def _nodes(self, grid: Grid) -> GridNodes:
         if self.nodes is None or self.nodes.grid is not grid:
@@ -247,7 +291,7 @@ class MessageStrategy(Strategy):
         extra = dict(config)
         if reserved := sorted(set(extra) & set(RESERVED)):
             raise ValueError(f"{kind}_config may not set {reserved}: stamen sets them per message")
-        self._sent = []
+        sent = self._sent[(server_round, kind)] = []
         messages = []
         for proxy, ins in instructions:
             if shadowed := sorted(k for k in extra if k in ins.config and k not in self._shadowed):
@@ -256,14 +300,15 @@ class MessageStrategy(Strategy):
             content = instruction(ins.parameters, {**ins.config, **extra}, self.strategy.sent_names)
             messages.append(Message(content=content, dst_node_id=proxy.node_id, message_type=kind,
                                     group_id=str(server_round)))  # fmt: skip
-            self._sent.append((messages[-1], proxy))
+            sent.append((messages[-1], proxy))
         return messages
 
-    def _read(self, replies: Iterable[Message], *, fit: bool) -> tuple[list, list]:
+    def _read(self, replies: Iterable[Message], sent: list[tuple[Message, ClientProxy]], *,
+              fit: bool) -> tuple[list, list]:  # fmt: skip
         """The replies as the stamen strategy reads them, and the failures: errors, unreadable and missing replies."""
         results, failures = [], []
-        answers = replies_by_node([message for message, _ in self._sent], replies)
-        for message, proxy in self._sent:  # failures are the messages sent less the usable replies
+        answers = replies_by_node([message for message, _ in sent], replies)
+        for message, proxy in sent:  # failures are the messages sent less the usable replies
             answer = answers.get(message.metadata.dst_node_id)
             if answer is None:
                 failures.append(NoReplyError(f"{NO_REPLY} {self.timeout:g} s", cid=proxy.cid))
@@ -292,3 +337,8 @@ class MessageStrategy(Strategy):
         if parameters is None:
             return ArrayRecord()
         return array_records(parameters.tensors, None, self.strategy.model_names)[MODEL_RECORD]
+
+
+def _in_order(grid: Grid) -> bool:
+    """Whether rounds may overlap on ``grid``: it waits by :class:`PacedGrid` and runs a node's messages in order."""
+    return isinstance(grid, PacedGrid) and grid.delivers_in_order

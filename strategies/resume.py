@@ -99,5 +99,8 @@ class ContinuedRun(Strategy):
     def end_round(self, server_round: int) -> None:
         self.strategy.end_round(server_round + self.offset)
 
+    def can_overlap(self, server_round: int) -> bool:
+        return self.strategy.can_overlap(server_round + self.offset)
+
     def fail(self, reason: str) -> None:
         self.strategy.fail(reason)

@@ -125,12 +125,16 @@ class RunWatch:
             self.hooks.finish()
             self.stop(reason, verdict.good_round)
             raise RunDivergedError(reason)
-        every = self.checkpoint_every
-        if every and (server_round % every == 0 or server_round == self.num_rounds):
+        if self.checkpoint_due(server_round):
             self.recorder.save_checkpoint(self.hooks.checkpoint(server_round))
         if server_round == self.num_rounds:
             self.hooks.finish()
             self.complete()
+
+    def checkpoint_due(self, server_round: int) -> bool:
+        """Whether closing ``server_round`` writes a checkpoint (every ``checkpoint-every`` rounds and the last)."""
+        every = self.checkpoint_every
+        return bool(every) and (server_round % every == 0 or server_round == self.num_rounds)
 
     def close_round(self, record: dict, started: float) -> dict:
         """Write ``record`` (the round's, begun at ``started``) with its timing, log its progress line; the record."""

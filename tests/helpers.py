@@ -6,6 +6,7 @@ A test module imports these from here, never from another test module.
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -244,3 +245,39 @@ def example_copy(name: str, to: Path, *, public_name: str) -> Path:
     copy = to / name
     shutil.copytree(REPO / "examples" / name, copy, ignore=shutil.ignore_patterns("__pycache__"))
     return copy
+
+
+# ---------------------------------------------------------------- runs on the Message API, in this process
+
+CLIENTS = 4
+QUICK = {"num-server-rounds": 3, "fraction-fit": 0.5, "min-available-clients": CLIENTS, "local-steps": 2,
+         "batch-size": 4, "adapt-batch-size": 4, "perfedavg-outer-batch-size": 4, "perfedavg-hessian-batch-size": 4,
+         "eval-every": 2}  # fmt: skip
+GENERATED = ("least-squares", "synthetic")  # data with no test set for the server's own test (central-eval)
+OWN = {"fathom": {"local-epochs": 0.1, "fathom-batch-min": 2.0, "batch-size": 4}}
+
+
+def config_of(name: str, results: Path, run_name: str, **extra) -> dict:
+    """``name``'s example run config, shortened to a few quick rounds on ``CLIENTS`` nodes."""
+    from app.registry import METHODS
+
+    contract = METHODS[name].contract  # the server tests a model only where it holds the whole of it and a test set
+    central = contract.personal is None and contract.example.get("dataset") not in GENERATED
+    return {**contract.example, **QUICK, **OWN.get(name, {}), "central-eval": central,
+            "results-dir": str(results), "run-name": run_name, **extra}  # fmt: skip
+
+
+def records(results: Path, run_name: str) -> list[dict]:
+    """``metrics.jsonl`` without what the clock decides (seconds, Unix times)."""
+    rows = [json.loads(line) for line in (results / run_name / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if "seconds" not in k and not k.endswith("-unix")} for row in rows]
+
+
+def message_run(config: dict, *, grid=None, strategy_class=None) -> object:
+    """``config``'s run on the Message API adapter, its nodes answering in this process (or on ``grid``)."""
+    from app.local.message_grid import InProcessGrid
+    from app.message_methods import message_strategy
+
+    strategy = (strategy_class or message_strategy(config["strategy"]))(run_config=config)
+    strategy.start(grid=grid or InProcessGrid(run_config=config, num_clients=CLIENTS))
+    return strategy

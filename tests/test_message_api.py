@@ -9,7 +9,6 @@ every message through Flower's wire encoding. Parametrised over ``app.registry.M
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.common import Error, Parameters, ndarray_to_bytes
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
+from helpers import CLIENTS, config_of, message_run, records
 
 from app.client_app import app as stamen_client_app
 from app.local.inprocess import served_run
@@ -31,32 +31,6 @@ from strategies.message_codec import (
     read_reply,
     reply,
 )
-
-CLIENTS = 4
-QUICK = {"num-server-rounds": 3, "fraction-fit": 0.5, "min-available-clients": CLIENTS, "local-steps": 2,
-         "batch-size": 4, "adapt-batch-size": 4, "perfedavg-outer-batch-size": 4, "perfedavg-hessian-batch-size": 4,
-         "eval-every": 2}  # fmt: skip
-GENERATED = ("least-squares", "synthetic")  # data with no test set for the server's own test (central-eval)
-OWN = {"fathom": {"local-epochs": 0.1, "fathom-batch-min": 2.0, "batch-size": 4}}
-
-
-def config_of(name: str, results: Path, run_name: str, **extra) -> dict:
-    contract = METHODS[name].contract  # the server tests a model only where it holds the whole of it and a test set
-    central = contract.personal is None and contract.example.get("dataset") not in GENERATED
-    return {**contract.example, **QUICK, **OWN.get(name, {}), "central-eval": central,
-            "results-dir": str(results), "run-name": run_name, **extra}  # fmt: skip
-
-
-def records(results: Path, run_name: str) -> list[dict]:
-    """``metrics.jsonl`` without what the clock decides (seconds, Unix times)."""
-    rows = [json.loads(line) for line in (results / run_name / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in row.items() if "seconds" not in k and not k.endswith("-unix")} for row in rows]
-
-
-def message_run(config: dict, *, grid: InProcessGrid | None = None, strategy_class=None) -> object:
-    strategy = (strategy_class or message_strategy(config["strategy"]))(run_config=config)
-    strategy.start(grid=grid or InProcessGrid(run_config=config, num_clients=CLIENTS))
-    return strategy
 
 
 @pytest.mark.parametrize("name", list(METHODS))

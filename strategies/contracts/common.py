@@ -226,6 +226,9 @@ class ExecutionSettings(KeyedSettings):
     pull_interval: float = key(PULL_INTERVAL, "seconds between the server's pulls of its replies, one pull loop for "
                                "every waiting message (Flower's deployed grid waits 3 s); each pull is one request "
                                "to the SuperLink (docs/deployment.md#what-a-round-costs)", at_least=0.01, at_most=10.0)
+    overlap_rounds: bool = key(True, "on a deployment (api = message): send each round's evaluation and the next "
+                               "round's fit together, so a SuperNode finds the fit waiting instead of sleeping 3 s; "
+                               "the same records and model (docs/deployment.md#what-a-round-costs)")  # fmt: skip
     results_dir: str = key("results", "results go to <results-dir>/<run-name>/ (a relative path: under ~/stamen/)")
     run_name: str = key("", "empty: <strategy>-<dataset>-<timestamp>; else one folder name under results-dir (no '/', "
                         "'\\', '.', '..'); a folder holding an earlier run is refused (continue it with resume-from)")

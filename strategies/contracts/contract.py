@@ -200,6 +200,11 @@ class Contract:
         testing it (Per-FedAvg's one step); ``False`` for a method whose clients test their
         personal model as it is (Ditto's ``v_k``, FedRep's body with its own head), which
         is then sent ``adapt-steps = 0``.
+    overlaps_rounds
+        Its next round's fit reads nothing that closing a round writes (the round's
+        evaluation, its record), so the Message API adapter may send round r+1's fit with
+        round r's evaluation (``overlap-rounds``); ``False`` for a method whose
+        ``fit_config``, sampling or ``begin_round`` reads the last evaluation.
 
     """
 
@@ -218,6 +223,7 @@ class Contract:
     representation: bool = False
     robust_aggregation: bool = True
     adapts_at_test: bool = True
+    overlaps_rounds: bool = True
 
     def __post_init__(self) -> None:
         if self.settings.prefix != self.name:
