@@ -4,22 +4,27 @@ Each case is a loopback deployment (``app.local.deployment.LocalDeployment``) ov
 SuperNode authentication, every SuperNode a device with its own MNIST image folder
 (``datasets.tools.device_folders``: 20 images per class, 12 when 20 devices share the
 sample), running FedAvg (5 local steps) with every node training and evaluating every
-round. Two settings of the waits, in one run, alternating:
+round. Three settings of the waits, in one run, alternating:
 
 - ``flower``: Flower 1.42's intervals: the server pulls its replies every 3 s
   (``pull-interval = 3``: what ``HttpGrid.send_and_receive`` sleeps) and each device's
-  SuperExec asks for a task every 1 s (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL=1``, Flower's default);
-- ``stamen``: stamen's defaults (``pull-interval`` and ``stamen-device --task-poll``).
+  SuperExec asks for a task every 1 s (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL=1``, Flower's
+  default); each round's phases one after the other (``overlap-rounds = false``);
+- ``stamen, apart``: stamen's intervals (``pull-interval`` and ``stamen-device --task-poll``),
+  the phases one after the other;
+- ``stamen``: stamen's defaults: its intervals, and each round's evaluation sent with the
+  next round's fit (``overlap-rounds``).
 
 Devices are ``cold`` (Flower's executor: a fresh process per message) or ``warm``
-(``app.device``). Per round: its wall time (the server's ``round-seconds``), its compute
+(``app.device``). Per round: its wall time (from the previous round's close to its own; the
+first round from its fit), its compute
 (per phase, the slowest node's ClientApp wall time from its process start to its reply,
 from ``STAMEN_PROFILE``; fit plus evaluate) and the wait (the rest). Per case: the
 SuperLink's and the ServerApp's CPU per second of run, the server's pulls per second (its
 log line), and each device's idle CPU per second (10 s, before the run).
 
     python bench/edge_rounds.py               # 4 nodes, cold and warm, 10 rounds; 20 warm nodes, 3 rounds
-    python bench/edge_rounds.py --quick       # 4 warm nodes, 3 rounds
+    python bench/edge_rounds.py --quick       # 4 warm nodes, 4 rounds
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import re
 import statistics
 import tempfile
 import time
+from itertools import pairwise
 from pathlib import Path
 
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
@@ -41,17 +47,18 @@ from bench.deploy_setup import Env, node_cpus, read_profile, settled
 from bench.harness import REPO, arguments, machine, results_folder, write_report
 from datasets.tools.device_folders import CLASSES, INPUT_SHAPE, make_device_folders  # noqa: E402
 
-WAITS = {"flower": {"pull-interval": 3.0, "task-poll": 1.0}, "stamen": {"pull-interval": None, "task-poll": None}}
+WAITS = {"flower": {"pull-interval": 3.0, "task-poll": 1.0, "overlap-rounds": False},
+         "stamen, apart": {"pull-interval": None, "task-poll": None, "overlap-rounds": False},
+         "stamen": {"pull-interval": None, "task-poll": None, "overlap-rounds": None}}  # None: the default  # fmt: skip
 PULLS = re.compile(r"stamen: (\d+) pulls of replies in ([\d.]+) s")
 
 
-def run_config(nodes: int, rounds: int, results: Path, name: str, pull_interval: float | None) -> dict:
+def run_config(nodes: int, rounds: int, results: Path, name: str, waits: dict) -> dict:
     config = {"strategy": "fedavg", "dataset": "imagefolder", "classes": CLASSES, "input-shape": INPUT_SHAPE,
               "num-server-rounds": rounds, "fraction-fit": 1.0, "fraction-evaluate": 1.0, "eval-every": 1,
               "min-fit-clients": nodes, "min-available-clients": nodes, "local-steps": 5,
               "results-dir": str(results), "run-name": name}  # fmt: skip
-    if pull_interval is not None:
-        config["pull-interval"] = pull_interval
+    config.update({key: value for key, value in waits.items() if key != "task-poll" and value is not None})
     return config
 
 
@@ -72,7 +79,7 @@ def case(folders: list[Path], rounds: int, work: Path, *, warm: bool, waits: dic
                     for a, b in zip(idle_start, node_cpus(roots), strict=True)]  # fmt: skip
             server = [deployment.superlink.process.pid]
             cpu_before, wall_before = total_cpu(server), time.monotonic()
-            config = run_config(len(folders), rounds, work / "results", "rounds", waits["pull-interval"])
+            config = run_config(len(folders), rounds, work / "results", "rounds", waits)
             run_id = deployment.submit(config)
             # `flwr log --stream` can drop out on a loaded machine (20 devices on 2 cores): wait on the status
             summary = work / "results" / "rounds" / "summary.json"
@@ -84,7 +91,9 @@ def case(folders: list[Path], rounds: int, work: Path, *, warm: bool, waits: dic
     metrics = work / "results" / "rounds" / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     compute = compute_per_round(read_profile(profile))
-    walls = [r["round-seconds"] for r in records]
+    # overlapped rounds begin before the last one closes: a round's wall is the time between two closes
+    closes = [r["elapsed-seconds"] for r in records]
+    walls = [records[0]["round-seconds"], *(b - a for a, b in pairwise(closes))]
     computes = [compute.get(str(r["round"]), 0.0) for r in records]
     pulls = PULLS.search(log)
     return {"round-seconds": walls, "compute-seconds": computes,
@@ -141,14 +150,14 @@ def table(cases: dict[str, dict]) -> str:
 
 
 def main() -> None:
-    parser = arguments(__doc__, quick="4 warm nodes, 3 rounds")
+    parser = arguments(__doc__, quick="4 warm nodes, 4 rounds")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--scale-nodes", type=int, default=20)
     args = parser.parse_args()
     plan = [(args.scale_nodes, True, waits, 3) for waits in WAITS] if args.scale_nodes else []
     plan += [(4, warm, waits, args.rounds) for warm in (False, True) for waits in WAITS]
     if args.quick:
-        plan = [(4, True, waits, 3) for waits in WAITS]
+        plan = [(4, True, waits, 4) for waits in WAITS]
     cases: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="stamen-edge-") as scratch:
         largest = max(n for n, *_ in plan)  # the MNIST sample holds 250 training images of its rarest digit
@@ -157,7 +166,7 @@ def main() -> None:
         for nodes, warm, waits, rounds in plan:
             name = f"{nodes} {'warm' if warm else 'cold'}, {waits}"
             started = time.monotonic()
-            cases[name] = case(folders[:nodes], rounds, Path(scratch) / name.replace(" ", "-").replace(",", ""),
+            cases[name] = case(folders[:nodes], rounds, Path(scratch) / re.sub(r"[^a-z0-9]+", "-", name),
                                warm=warm, waits=WAITS[waits])  # fmt: skip
             print(f"[{time.monotonic() - started:5.0f} s] {name}: {summary(cases[name])}", flush=True)
     report = {"machine": machine(), "waits": WAITS, "cases": cases,
