@@ -151,8 +151,8 @@ class FlowerRounds:
 
     @property
     def record(self) -> dict:
-        """The record of the round in play: the oldest open one, which closes next (``{}`` when none is open)."""
-        return self.open[min(self.open)].record if self.open else {}
+        """The record of the round begun last (``{}`` when none is open); with rounds overlapping, the next round's."""
+        return self.open[max(self.open)].record if self.open else {}
 
     def round_of(self, server_round: int) -> OpenRound:
         """``server_round`` as it stands, begun now (``round`` and ``strategy``) if no fit began it."""
