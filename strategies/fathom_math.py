@@ -43,6 +43,21 @@ value since: a large step's collapse shows in the loss at once, where ``H`` stil
 agreement (B2 from lr 0.3). Re-arming on a new minimum, not on the loss coming back under
 the line, keeps a model that has fallen back onto a plateau, whose loss hovers about the
 line, from halving its step at every noisy crossing (B2, seed 2: 19 halvings to the floor).
+
+With ``fathom-safe-ascent = f`` > 0 (issue 55; on by default, f = 0.5) the values may only
+rise where the loss shows progress and fall back where it jumps. A round raises a value in
+its riskier direction (``eta`` or ``E`` up, ``B`` down) only when its loss ``L_t`` is a new
+lowest; otherwise the update may lower it or hold it. When ``L_t - L_min > f max(L_1 - L_min,
+L_min)`` (the loss gave back a fraction f of its progress and rose by f of its lowest value:
+:func:`jumped`) or every fit reply of the round was non-finite (:func:`fell_back`), the
+values go back to those in force at ``L_min``, the step divided by ``fathom-decay-factor``,
+the smoothed update starts afresh, and the tuner puts back the global model of ``L_min``
+(:class:`strategies.tuner.FathomTuner`). B5 from beta = 0.3 (Per-FedAvg, MNIST) showed why:
+FATHOM's ``H`` read agreement while beta rose 24% above its start in 7 rounds, and round 8's
+replies were non-finite; another seed's model broke at beta 0.4 and never recovered though
+``H`` then lowered beta for 90 rounds. On a quadratic past its stability limit the same
+happens in closed form: with an even number of local steps the iterates grow along one
+direction, which ``H`` reads as agreement (tests/test_fathom_safe_ascent.py).
 """
 
 from __future__ import annotations
@@ -77,6 +92,8 @@ class FathomState:
     lowest_loss: float = math.nan  # L_min: the lowest global loss so far (the setback test)
     setback_floor: float = math.nan  # L_min when the last setback fired: the next needs a lower one (nan: none yet)
     setbacks: int = 0
+    best: tuple[float, float, float] = (math.nan, math.nan, math.nan)  # (lr, epochs, batch) in force at L_min
+    fallbacks: int = 0  # safe ascent's fall-backs so far
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -175,6 +192,42 @@ def gate_open(loss: float, first_loss: float, fraction: float) -> bool:
     return math.isfinite(loss) and math.isfinite(first_loss) and loss <= fraction * first_loss
 
 
+def jumped(loss: float, first_loss: float, lowest_loss: float, fraction: float) -> bool:
+    """Whether ``loss`` jumped: it rose above ``lowest_loss`` by over ``fraction`` of the progress and of the lowest.
+
+    ``L_t - L_min > f max(L_1 - L_min, L_min)``. Against the progress alone, noise about a
+    small early progress (2.30 -> 2.20 -> 2.26) would count; against the lowest loss alone,
+    a late, small loss doubling would. Before any progress (``L_min = L_1``) a loss over
+    ``(1 + f)`` times the first is a jump: a step unstable from the start. Non-finite: no jump.
+    """
+    if not all(math.isfinite(v) for v in (loss, first_loss, lowest_loss)):
+        return False
+    return loss - lowest_loss > fraction * max(first_loss - lowest_loss, lowest_loss)
+
+
+def new_lowest(loss: float, lowest: float) -> bool:
+    """Whether ``loss`` shows progress: finite and below every loss so far (``lowest``; nan: none yet)."""
+    return math.isfinite(loss) and (not math.isfinite(lowest) or loss < lowest)
+
+
+def held(state: FathomState, lr: float, epochs: float, batch_size: float) -> tuple[float, float, float]:
+    """The proposed values without a move in the riskier direction: lr and epochs not above, batch not below."""
+    return min(lr, state.lr), min(epochs, state.epochs), max(batch_size, state.batch_size)
+
+
+def fell_back(state: FathomState, settings: FathomSettings) -> FathomState:
+    """``state`` after a safe-ascent fall-back: the values of the lowest loss, the step divided by the decay factor.
+
+    Before any finite loss the values in force stand in for them. The smoothed update and
+    the stationarity window start afresh: the model goes back to where they do not apply.
+    """
+    lr, epochs, batch_size = (best if math.isfinite(best) else now
+                              for best, now in zip(state.best, (state.lr, state.epochs, state.batch_size),
+                                                   strict=True))  # fmt: skip
+    return replace(state, lr=clipped(lr / settings.decay_factor, settings.lr_bounds), epochs=epochs,
+                   batch_size=batch_size, smoothed_update=None, recent_h=(), fallbacks=state.fallbacks + 1)  # fmt: skip
+
+
 def decay_window(window: int, decays: int) -> int:
     """How many values of ``H`` the test needs after ``decays`` decays: ``window * 2**decays``."""
     return window * 2**decays
@@ -218,14 +271,22 @@ def fathom_update(
     if settings.setback > 0 and armed and fresh and setback(aggregate.start_loss, first_loss, lowest, settings.setback):
         lr, recent_h, setbacks = clipped(lr / settings.decay_factor, settings.lr_bounds), (), setbacks + 1
         floor = lowest
+    epochs = _moved(state.epochs, settings.gamma_epochs, hg.global_term + hg.local_term,
+                    work_bounds or settings.epochs_bounds)  # fmt: skip
+    batch_size = _moved(state.batch_size, settings.gamma_batch, -hg.local_term, settings.batch_bounds)
+    progress, best = new_lowest(aggregate.start_loss, state.lowest_loss), state.best
+    if settings.safe_ascent > 0:
+        if progress:
+            best = (state.lr, state.epochs, state.batch_size)
+        else:
+            lr, epochs, batch_size = held(state, lr, epochs, batch_size)
     if math.isfinite(aggregate.start_loss):
         lowest = aggregate.start_loss if not math.isfinite(lowest) else min(lowest, aggregate.start_loss)
     new_state = replace(
         state,
         lr=lr,
-        epochs=_moved(state.epochs, settings.gamma_epochs, hg.global_term + hg.local_term,
-                      work_bounds or settings.epochs_bounds),  # fmt: skip
-        batch_size=_moved(state.batch_size, settings.gamma_batch, -hg.local_term, settings.batch_bounds),
+        epochs=epochs,
+        batch_size=batch_size,
         smoothed_update=smoothed,
         round=state.round + 1,
         recent_h=recent_h,
@@ -235,5 +296,8 @@ def fathom_update(
         lowest_loss=lowest,
         setback_floor=floor,
         setbacks=setbacks,
+        best=best,
     )
+    if settings.safe_ascent > 0 and jumped(aggregate.start_loss, first_loss, state.lowest_loss, settings.safe_ascent):
+        new_state = fell_back(new_state, settings)
     return new_state, hg

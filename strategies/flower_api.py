@@ -274,8 +274,13 @@ class FlowerRounds:
                 "stays as it was (the round's replies were each finite: lower max-update-ratio or choose a robust "
                 "aggregation)", server_round)  # fmt: skip
             arrays, metrics["aggregate-nonfinite"] = None, 1
-        if self.tuner is not None and replies:
-            metrics.update(self.tuner.update(previous, arrays, replies))
+        if self.tuner is not None:
+            if replies:
+                metrics.update(self.tuner.update(previous, arrays, replies))
+            if (not replies and screened.get("clients-nonfinite", 0)) or metrics.get("aggregate-nonfinite"):
+                metrics.update(self.tuner.nonfinite_round())
+            if (restored := self.tuner.restored_model()) is not None:
+                arrays = restored  # safe ascent fell back: the model of the lowest loss goes out next
         if arrays is not None:
             self.model.use_shared(arrays)
         elif not replies:

@@ -12,6 +12,7 @@ fit config, where the clients read them under the same keys.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from logging import INFO, WARNING
 
@@ -24,7 +25,15 @@ from strategies.contracts.client_reports import START_LOSS, TRAIN_LOSS
 from strategies.contracts.contract import Metric
 from strategies.contracts.fathom import CONTRACT as FATHOM
 from strategies.contracts.fathom import PHI, FathomSettings
-from strategies.fathom_math import FathomState, RoundAggregate, clipped, decay_window, fathom_update
+from strategies.fathom_math import (
+    FathomState,
+    RoundAggregate,
+    clipped,
+    decay_window,
+    fathom_update,
+    fell_back,
+    new_lowest,
+)
 from strategies.screening import Reply
 from strategies.start_probe import ProbeTally, local_progress, probe_choice, probe_factors, probe_slots, tallied
 from strategies.summaries import weighted_mean
@@ -63,6 +72,8 @@ class FathomTuner:
         self.factors = probe_factors(settings.probe_factor, settings.probe_points)
         self.probe = ProbeTally.empty(settings.probe_points) if settings.probe_rounds > 0 else None
         self.slots: dict[int, int] = {}  # a probe round's partition -> slot
+        self.best_model: list[np.ndarray] | None = None  # the global model of the lowest loss (safe ascent)
+        self._restore: list[np.ndarray] | None = None  # the model a fall-back puts back, until taken
 
     @property
     def probing(self) -> bool:
@@ -111,8 +122,17 @@ class FathomTuner:
             start_loss=mean_start_loss(replies),
         )
         decays, armed, setbacks = self.state.decays, self.state.armed, self.state.setbacks
+        lowest, fallbacks = self.state.lowest_loss, self.state.fallbacks
+        if self.settings.safe_ascent > 0 and new_lowest(aggregate.start_loss, lowest):
+            self.best_model = [np.array(a, copy=True) for a in previous]  # start-loss is this model's loss
         self.state, hg = fathom_update(self.state, aggregate, self.settings, work_bounds=self.work_bounds)
         signals = {"H": hg.global_term, "G": hg.local_term, "phi-mean": float(np.mean(aggregate.phis))}
+        if self.settings.safe_ascent > 0:
+            signals["fathom-fallbacks"] = float(self.state.fallbacks)
+            if self.state.fallbacks > fallbacks:
+                self._fell_back(f"the global loss {aggregate.start_loss:.4g} gave back over "
+                                f"{self.settings.safe_ascent:g} of its progress ({self.state.first_loss:.4g} -> "
+                                f"{lowest:.4g})")  # fmt: skip
         if self.settings.setback > 0:
             signals["lr-setbacks"] = float(self.state.setbacks)
             if self.state.setbacks > setbacks:
@@ -134,6 +154,26 @@ class FathomTuner:
                     decay_window(self.settings.decay_window, decays), reading, self.keys["step"],
                     self.settings.decay_factor, self.state.lr)  # fmt: skip
         return signals
+
+    def nonfinite_round(self) -> dict[str, float]:
+        """A round whose every fit reply was non-finite: safe ascent falls back (nothing else moves)."""
+        if self.settings.safe_ascent <= 0 or self.probing:
+            return {}
+        self.state = fell_back(self.state, self.settings)
+        self._fell_back("every fit reply was non-finite")
+        return {"fathom-fallbacks": float(self.state.fallbacks)}
+
+    def restored_model(self) -> list[np.ndarray] | None:
+        """The global model a fall-back put back this round (``None``: none), once."""
+        model, self._restore = self._restore, None
+        return model
+
+    def _fell_back(self, why: str) -> None:
+        self._restore = self.best_model
+        values = ", ".join(f"{key} = {value:.4g}" for key, value in self.values().items())
+        where = "the model of the lowest loss is put back" if self.best_model is not None else "the model stays"
+        log(WARNING, "safe ascent: %s; back to the values of the lowest loss, the step divided by %s: %s; %s",
+            why, self.settings.decay_factor, values, where)  # fmt: skip
 
     def probe_update(self, replies: list[Reply]) -> dict[str, float]:
         """Tally a probe round; after the last, start from the slot whose clients' loss fell most."""
@@ -158,7 +198,12 @@ class FathomTuner:
         return signals | {"probe-factor": float(self.factors[slot]), "probe-rho": float(means[slot])}
 
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict]:
-        """Arrays and scalars a checkpoint keeps: the values in force, the update count, the smoothed update."""
+        """Arrays and scalars a checkpoint keeps: the values in force, the update count, the smoothed update.
+
+        Safe ascent's values of the lowest loss and its count are kept, its model of the
+        lowest loss is not: a resumed run's first new lowest loss sets it again (until then
+        a fall-back puts back the values alone).
+        """
         state = self.state
         scalars = {"lr": state.lr, "epochs": state.epochs, "batch-size": state.batch_size, "round": state.round,
                    "decays": state.decays}  # fmt: skip
@@ -167,6 +212,7 @@ class FathomTuner:
         arrays["fathom/recent-h"] = np.array(state.recent_h, dtype=np.float64)
         arrays["fathom/loss-gate"] = np.array([state.first_loss, float(state.armed)])
         arrays["fathom/setback"] = np.array([state.lowest_loss, state.setback_floor, float(state.setbacks)])
+        arrays["fathom/safe-ascent"] = np.array([*state.best, float(state.fallbacks)])
         if self.probe is not None:
             probe = self.probe
             arrays |= {"fathom/probe-sums": probe.sums, "fathom/probe-counts": probe.counts.astype(np.float64),
@@ -187,6 +233,13 @@ class FathomTuner:
         if "fathom/setback" in arrays:
             lowest, floor, setbacks = (float(v) for v in arrays["fathom/setback"])
             self.state = replace(self.state, lowest_loss=lowest, setback_floor=floor, setbacks=int(setbacks))
+        if "fathom/safe-ascent" in arrays:  # its model of the lowest loss is not kept: the next new lowest sets it
+            *best, fallbacks = (float(v) for v in arrays["fathom/safe-ascent"])
+            whole = math.isfinite(fallbacks) and fallbacks >= 0 and fallbacks == int(fallbacks)
+            if len(best) != 3 or not all(math.isnan(v) or v > 0 for v in best) or not whole:
+                raise ValueError(f"fathom/safe-ascent holds {[*best, fallbacks]}: three values in force (positive "
+                                 "or nan) and a whole count")  # fmt: skip
+            self.state = replace(self.state, best=tuple(best), fallbacks=int(fallbacks))
         if self.probe is not None:
             self.probe = ProbeTally(sums=np.asarray(arrays["fathom/probe-sums"], dtype=np.float64),
                                     counts=np.asarray(arrays["fathom/probe-counts"], dtype=np.int64),

@@ -59,7 +59,7 @@ def test_oscillating_updates_divide_the_lr_after_a_window_then_after_a_doubled_o
 
 
 def test_agreeing_updates_never_decay_and_the_test_leaves_fathoms_own_move():
-    settings = FathomSettings(gamma_lr=0.1, gamma_epochs=0.0, gamma_batch=0.0, decay_window=2)
+    settings = FathomSettings(gamma_lr=0.1, gamma_epochs=0.0, gamma_batch=0.0, decay_window=2, safe_ascent=0.0)
     states = run_updates(settings, [(1.0, 0.0)] * 6)
     # H = -1 from round 2: lr * exp(0.1) a round, never divided
     assert [s.lr for s in states] == pytest.approx([0.1 * math.exp(0.1 * k) for k in range(6)])

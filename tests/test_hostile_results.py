@@ -361,7 +361,7 @@ def array_cases(arrays: dict[str, np.ndarray]) -> list[tuple[str, dict[str, np.n
               ("a record array", {**arrays, "fathom/recent-h": np.zeros(2, dtype=[("a", "f4")])})]  # fmt: skip
     for name in (k for k in arrays if k.startswith("fathom/")):
         cases.append((f"{name} as text", {**arrays, name: np.array("x")}))
-    for name in ("fathom/loss-gate", "fathom/setback"):  # the tuner unpacks these
+    for name in ("fathom/loss-gate", "fathom/setback", "fathom/safe-ascent"):  # the tuner unpacks these
         cases.append((f"{name} empty", {**arrays, name: np.zeros(0)}))
     return cases
 

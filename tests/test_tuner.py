@@ -114,7 +114,7 @@ def fit_res(value, phi, examples=10):
 
 
 def test_tuned_per_fedavg_broadcasts_beta_moves_it_by_fathoms_rule_and_rejects_replies_without_phi():
-    run = tuned_perfedavg(**{"fathom-gamma-lr": 0.5})
+    run = tuned_perfedavg(**{"fathom-gamma-lr": 0.5, "fathom-safe-ascent": 0.0})  # FATHOM's own rule
     strategy, manager, proxies = strategy_with_clients(run, 3)
     (_, first), *_ = strategy.configure_fit(1, strategy.global_parameters, manager)
     assert first.config["perfedavg-beta"] == 0.05 and first.config["local-steps"] == 4.0
@@ -162,6 +162,7 @@ def test_a_tuner_moving_alpha_evaluates_with_the_alpha_in_force_and_records_it()
         (_, evaluation), *_ = strategy.configure_evaluate(server_round, strategy.global_parameters, manager)
         assert evaluation.config["adapt-lr"] == strategy.tuner.values()["perfedavg-alpha"]
         assert strategy.record["eval-adapt-lr"] == evaluation.config["adapt-lr"]
+        strategy.end_round(server_round)
     assert strategy.tuner.values()["perfedavg-alpha"] == pytest.approx(0.01 * math.exp(-0.5 * 1.0))
 
 

@@ -69,6 +69,13 @@ class FathomSettings(MethodSettings):
                          "this fraction of the progress it has made since the first tuned round (again only after "
                          "a new lowest loss; needs decay-arm below 1; 0 = off)", at_least=0, at_most=1,
                          server_only=True)  # fmt: skip
+    safe_ascent: float = key(0.5, "safe ascent: a round raises a tuned value (the step, the local work; lowers the "
+                             "batch) only when its global loss is a new lowest; when the loss gives back this "
+                             "fraction of the progress made since the first tuned round (and rises by this fraction "
+                             "of its lowest value), or every fit reply is "
+                             "non-finite, the global model goes back to the lowest loss's and the values to those "
+                             "then in force, the step divided by decay-factor (0 = off: FATHOM's update alone)",
+                             at_least=0, at_most=1, server_only=True)  # fmt: skip
     local_term: str = key("cosine", "cosine (the author's code) or eq12 (the paper's eq. 12, scaled by lr)",
                           choices=LOCAL_TERMS, server_only=True)  # fmt: skip
 
