@@ -28,6 +28,10 @@ class Start:
     extra: tuple[tuple[str, float], ...] = ()
 
 
+# FATHOM's update alone: every arm ran so before issue 55 made safe ascent the default; an arm that wants it names it
+UNGUARDED = {"fathom-safe-ascent": 0.0}
+
+
 def run_config(method: str, start: Start, *, seed: int, rounds: int, data_dir: Path) -> dict:
     return {
         "strategy": method,
@@ -47,4 +51,4 @@ def run_config(method: str, start: Start, *, seed: int, rounds: int, data_dir: P
         "batch-size": start.batch,
         "local-epochs": 1.0,
         "adapt-steps": 0,
-    } | dict(start.extra)
+    } | (UNGUARDED if method == "fathom" else {}) | dict(start.extra)

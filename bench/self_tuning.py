@@ -72,7 +72,12 @@ STEP_SIZES = {"perfedavg": (0.01, 0.03, 0.1, 0.3), "fedavg": (0.01, 0.03, 0.1, 0
 TUNED_STARTS = {"perfedavg": (0.01, 0.3), "fedavg": (0.01, 0.3), "alpha": (0.001, 0.05)}
 ALPHA_BETA = 0.1  # the alpha cases hold beta at B1's value
 GAMMA = 0.1
-TUNER = {"tune": "fathom", "fathom-gamma-lr": GAMMA, "fathom-gamma-epochs": 0.0, "fathom-gamma-batch": 0.0}
+# every row but the safe-ascent one runs FATHOM's update without it (fathom-safe-ascent = 0), as all of them ran
+# before issue 55 made safe ascent the default: their logged runs stay what they measured
+TUNER = {"tune": "fathom", "fathom-gamma-lr": GAMMA, "fathom-gamma-epochs": 0.0, "fathom-gamma-batch": 0.0,
+         "fathom-safe-ascent": 0.0}  # fmt: skip
+SAFE = {"fathom-safe-ascent": 0.5}  # issue 55: values rise only on a new lowest loss, fall back on a jump (the default)
+CHANCE = 0.1  # ten digits: a run ending within 2 points of it has collapsed (it is counted, and stays in the mean)
 PROBE = {"fathom-probe-rounds": 3}  # the tuner's start probe: 3 rounds trying the start x 3^k, k = -2..2
 DECAY = {"fathom-decay-window": 5}  # the stationarity test: halve the step once 5 x 2^k rounds of H show no progress
 # issue 39: halve the step once 5 x 2^k rounds of H say it is too large (mean 2 standard errors above 0), or once
@@ -82,9 +87,11 @@ SETBACK = {"fathom-setback": 0.5, "fathom-decay-arm": 0.7}  # the setback test a
 # variant -> (its keys, its words in a label, its kind in a run's folder name); the tuner's bad-start rescues
 VARIANTS = {"probe": (PROBE, "the start probe", "probed"), "decay": (DECAY, "the stationarity test", "decayed"),
             "rescue": (RESCUE, "the overshoot and setback tests", "rescued"),
-            "setback": (SETBACK, "the setback test alone", "set-back")}  # fmt: skip
+            "setback": (SETBACK, "the setback test alone", "set-back"),
+            "safe": (SAFE, "safe ascent (the default)", "safe")}  # fmt: skip
 PROBED = ("perfedavg", "fedavg")  # the methods whose bad starts also run with each variant
-LINE_STYLES = {None: "-", "probe": "--", "decay": "-.", "rescue": ":", "setback": (0, (5, 1, 1, 1, 1, 1))}
+LINE_STYLES = {None: "-", "probe": "--", "decay": "-.", "rescue": ":", "setback": (0, (5, 1, 1, 1, 1, 1)),
+               "safe": (0, (1, 1))}  # fmt: skip
 METHODS = {"perfedavg": ("Per-FedAvg HF", "perfedavg-beta"), "fedavg": ("FedAvg + update", "lr"),
            "alpha": (f"Per-FedAvg HF (beta = {ALPHA_BETA})", "perfedavg-alpha")}  # fmt: skip
 
@@ -173,6 +180,8 @@ def report(runs: dict[str, list[dict]], cases: list[dict], args: argparse.Namesp
             "label": case["label"], "method": case["method"], "tuned": case["tuned"], "start": case["step"],
             "mean": mean, "ci95": half, "seeds": [r["seed"] for r in done], "accuracy": accuracies,
             "stopped": [r["seed"] for r, a in zip(done, accuracies, strict=True) if a is None],
+            "collapsed": [r["seed"] for r, a in zip(done, accuracies, strict=True)
+                          if a is not None and a <= CHANCE + 0.02],
             "final-step": [r["trajectory"][-1] for r in done] if case["tuned"] else None,
             "grad-evals": statistics.mean(r["grad-evals"] for r in done),
             "hvp-evals": statistics.mean(r["hvp-evals"] for r in done),
@@ -239,6 +248,8 @@ def markdown(rep: dict) -> str:
         cost = f"{r['grad-evals']:.0f}" + (f" + {r['hvp-evals']:.0f}" if r["hvp-evals"] else "")
         stopped = r.get("stopped") or []
         note = f" (seeds {', '.join(map(str, stopped))} diverged and stopped: not in the mean)" if stopped else ""
+        if collapsed := r.get("collapsed"):
+            note += f" (seeds {', '.join(map(str, collapsed))} collapsed: within 2 points of chance)"
         lines.append(f"| {r['label']} | {100 * r['mean']:.2f} ± {100 * r['ci95']:.2f}{note} | {final} | {cost} |")
     for method, verdict in rep["verdicts"].items():
         lines += ["", f"{METHODS[method][0]}: best fixed is {verdict['best-fixed']} "
