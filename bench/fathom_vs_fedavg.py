@@ -533,7 +533,7 @@ def plot(rep: dict, runs: dict[str, list[dict]], path: Path) -> None:
                "baseline|probe-gated": "navy", "bad lr|probe-gated": "darkgreen", "above|rescue": "magenta",
                "above|rescue-floor": "purple", "baseline|rescue": "teal",
                "baseline|rescue-floor": "darkcyan", "above|setback": "olive",
-               "baseline|setback": "darkolivegreen"}  # fmt: skip
+               "baseline|setback": "darkolivegreen", "above|safe": "crimson", "baseline|safe": "royalblue"}  # fmt: skip
     for key, results in runs.items():
         label, method, *variant = key.split("|")
         colour = colours["|".join([label, *variant])]
