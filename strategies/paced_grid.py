@@ -49,10 +49,10 @@ def delivers_in_order(grid: Grid) -> bool:
     """Whether ``grid`` runs each node's messages one after another, in the order they were pushed.
 
     Flower's deployed grid does; a grid of another kind says so with a true
-    ``delivers_in_order`` attribute (stamen's in-process grid does).
+    ``delivers_in_order`` attribute (stamen's in-process grid does; a :class:`PacedGrid`
+    answers for the grid it wraps).
     """
-    inner = grid.grid if isinstance(grid, PacedGrid) else grid
-    return isinstance(inner, IN_ORDER_GRIDS) or getattr(inner, "delivers_in_order", False) is True
+    return isinstance(grid, IN_ORDER_GRIDS) or getattr(grid, "delivers_in_order", False) is True
 
 
 def paced(grid: Grid, interval: float) -> Grid:
