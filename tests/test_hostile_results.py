@@ -363,6 +363,10 @@ def array_cases(arrays: dict[str, np.ndarray]) -> list[tuple[str, dict[str, np.n
         cases.append((f"{name} as text", {**arrays, name: np.array("x")}))
     for name in ("fathom/loss-gate", "fathom/setback", "fathom/safe-ascent"):  # the tuner unpacks these
         cases.append((f"{name} empty", {**arrays, name: np.zeros(0)}))
+    # safe ascent's values of the lowest loss (positive, or nan before any) and its whole count of fall-backs
+    cases += [(f"fathom/safe-ascent = {values}", {**arrays, "fathom/safe-ascent": np.array(values)})
+              for values in ([0.1, 1.0, 16.0, -1.0], [0.1, 1.0, 16.0, 0.5], [0.1, 1.0, 16.0, np.inf],
+                             [0.0, 1.0, 16.0, 0.0], [-0.1, 1.0, 16.0, 0.0], [0.1, 1.0, 0.0])]  # fmt: skip
     return cases
 
 
