@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from clients.base import TorchClient
-from clients.training import TrainReport, proximal_term
+from clients.training import TrainReport, proximal_term, steps_for
 from strategies.contracts.common import TrainingSettings
 from strategies.contracts.ditto import CONTRACT, PERSONAL_LOSS, PERSONAL_ROUNDS, DittoSettings
 
@@ -17,7 +17,8 @@ class DittoClient(TorchClient):
 
     1. The global update: FedAvg's local SGD from ``w^t``; its result ``w_k`` is what the
        client returns for aggregation.
-    2. The personal update: ``ditto-personal-steps`` steps of size ``ditto-personal-lr``,
+    2. The personal update: ``ditto-personal-steps`` steps (or ``ditto-personal-epochs``
+       passes) of size ``ditto-personal-lr``,
        ``v <- v - eta (grad F_k(v; batch) + lambda (v - w^t))``, from the personal model
        ``v_k`` kept in ``Context.state`` (the first global model received, the first time).
 
@@ -35,7 +36,8 @@ class DittoClient(TorchClient):
         returned = self.get_parameters({})  # w_k, for the server
         self.set_parameters(self.state.arrays(PERSONAL) or received)
         personal_rng = rng.spawn(1)[0]  # the personal model's batches: a stream of their own
-        personal = self.local_sgd(training, personal_rng, lr=method.personal_lr, steps=method.personal_steps,
+        steps = steps_for(len(self.train_y), training.batch_size, method.personal_steps, method.personal_epochs)
+        personal = self.local_sgd(training, personal_rng, lr=method.personal_lr, steps=steps,
                                   extra_loss=proximal_term(anchor, method.lambda_))  # fmt: skip
         rounds = int(self.state.value(PERSONAL_ROUNDS, 0)) + 1
         self.state.set_arrays(PERSONAL, self.get_parameters({}))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from clients.base import TorchClient
-from clients.training import TrainReport
+from clients.training import TrainReport, steps_for
 from strategies.contracts.common import TrainingSettings
 from strategies.contracts.fedrep import CONTRACT, HEAD_LOSS, FedRepSettings
 
@@ -13,7 +13,8 @@ from strategies.contracts.fedrep import CONTRACT, HEAD_LOSS, FedRepSettings
 class FedRepClient(TorchClient):
     """FedRep's client work (Algorithm 1) from the body it received and the head it kept.
 
-    1. ``fedrep-head-steps`` (tau_h) steps ``h <- h - lr grad_h F_k(phi, h)``, body ``phi`` frozen;
+    1. ``fedrep-head-steps`` (tau_h) steps (or ``fedrep-head-epochs`` passes)
+       ``h <- h - lr grad_h F_k(phi, h)``, body ``phi`` frozen;
     2. the shared ``local-steps`` or ``local-epochs`` (tau_phi) steps
        ``phi <- phi - lr grad_phi F_k(phi, h)``, head frozen;
 
@@ -28,7 +29,8 @@ class FedRepClient(TorchClient):
     def local_train(self, training: TrainingSettings, method: FedRepSettings, rng: np.random.Generator) -> TrainReport:
         head = [name for name, _ in self.model.named_parameters() if name in self.personal_names]
         body = [name for name, _ in self.model.named_parameters() if name not in self.personal_names]
-        fitted = self.local_sgd(training, rng, steps=method.head_steps, trainable=head)
+        head_steps = steps_for(len(self.train_y), training.batch_size, method.head_steps, method.head_epochs)
+        fitted = self.local_sgd(training, rng, steps=head_steps, trainable=head)
         learnt = self.local_sgd(training, rng, trainable=body)
         return TrainReport(learnt.mean_loss, fitted.steps + learnt.steps, fitted.grad_evals + learnt.grad_evals,
                            fitted.sample_grads + learnt.sample_grads, extra={HEAD_LOSS: fitted.mean_loss})  # fmt: skip

@@ -8,7 +8,7 @@ import numpy as np
 
 from clients.base import TorchClient
 from clients.meta import meta_direction
-from clients.training import Batch, TrainReport, batches_of, train_steps
+from clients.training import Batch, TrainReport, batches_of, steps_for, train_steps
 from strategies.contracts.common import TrainingSettings
 from strategies.contracts.perfedavg import CONTRACT, PerFedAvgSettings
 
@@ -16,8 +16,8 @@ from strategies.contracts.perfedavg import CONTRACT, PerFedAvgSettings
 class PerFedAvgClient(TorchClient):
     """Runs Per-FedAvg's local updates (ALGORITHMS.md section 1, seed eq. 7-8).
 
-    Each of the ``local-steps`` (tau) updates draws three independent batches D, D',
-    D'' of sizes ``batch-size``, ``perfedavg-outer-batch-size`` and
+    Each of the ``local-steps`` (tau) updates (or ``local-epochs`` passes of them) draws
+    three independent batches D, D', D'' of sizes ``batch-size``, ``perfedavg-outer-batch-size`` and
     ``perfedavg-hessian-batch-size`` from the client's training data (each without
     replacement, at most all n examples; they may overlap one another), estimates the meta-gradient with
     ``perfedavg-variant`` and steps ``w <- w - beta * direction``. Evaluation is the
@@ -36,8 +36,11 @@ class PerFedAvgClient(TorchClient):
         direction = meta_direction(alpha=method.alpha, variant=method.variant, delta=method.delta,
                                    relative_delta=method.delta_scale == "relative",
                                    curvature_bound=method.curvature_bound_on(self.model_card.smooth))  # fmt: skip
+        num = len(self.train_y)
+        steps = steps_for(num, method.examples_per_step(training.batch_size, num), training.local_steps,
+                          training.local_epochs)  # fmt: skip
         # in a tuned run, phi is the alignment of successive meta-gradients (the steps actually taken)
-        return train_steps(self.model, self.meta_batches(sizes, training.local_steps, rng), method.beta,
+        return train_steps(self.model, self.meta_batches(sizes, steps, rng), method.beta,
                            direction=direction, on_step=self.watched())  # fmt: skip
 
     def meta_batches(self, sizes: tuple[int, ...], steps: int, rng: np.random.Generator) -> Iterator[tuple[Batch, ...]]:

@@ -181,6 +181,19 @@ def small_client(**overrides):
                            partition_id=0)  # fmt: skip
 
 
+@pytest.mark.parametrize(("variant", "epochs", "steps"), [("fo", 1.0, 3), ("hf", 1.0, 2), ("fo", 2.0, 6)])
+def test_local_epochs_count_the_batches_a_meta_update_reads(variant, epochs, steps):
+    # 50 examples; fo reads D and D' (20 a step: 3 steps a pass), hf also D'' (30 a step: 2 a pass)
+    x = np.random.default_rng(0).normal(size=(50, 2)).astype(np.float32)
+    data = ClientData(x, (x[:, 0] > 0).astype(np.int64), x, (x[:, 0] > 0).astype(np.int64), num_classes=2)
+    run = settings(perfedavg_variant=variant, local_steps=11, local_epochs=epochs, batch_size=10, device="cpu",
+                   model="logreg")  # fmt: skip
+    client = PerFedAvgClient(model=build_model("logreg", input_shape=(2,), num_classes=2), data=data, settings=run,
+                             partition_id=0)  # fmt: skip
+    _, _, metrics = client.fit(client.get_parameters({}), {"server-round": 1})
+    assert metrics["local-steps"] == steps
+
+
 def test_batches_larger_than_the_data_take_all_of_it_and_are_counted():
     # D, D', D'' of 5, 6 and 10 on 5 examples: every batch is the whole set, so the step is the full-batch
     # meta-gradient, the same as with sizes 5, 5, 5 (whose batches are the whole set too)

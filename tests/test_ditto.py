@@ -66,6 +66,21 @@ def test_lambda_zero_makes_the_personal_model_purely_local():
     np.testing.assert_array_equal(personal[0], personal[1])
 
 
+def test_personal_epochs_are_passes_of_regularised_full_batch_steps():
+    lam, w_global, v = 0.5, np.array([0.2, 0.4, -0.3]), np.array([1.0, -1.0, 0.0])
+    ditto = client(ditto_lambda=lam, ditto_personal_epochs=2.0, ditto_personal_steps=7)  # epochs win over steps
+    ditto.state.set_arrays(PERSONAL, [v.astype(np.float32).reshape(1, D)])
+    _, _, metrics = ditto.fit([w_global.astype(np.float32).reshape(1, D)], {"server-round": 1})
+    _, x, y = regression_data()
+    for _ in range(2):  # a batch of N is the whole set: one pass is one full-batch step
+        v = v - 0.2 * (grad(x, y, v) + lam * (v - w_global))
+    np.testing.assert_allclose(ditto.state.arrays(PERSONAL)[0].ravel(), v, rtol=1e-5, atol=1e-6)
+    assert metrics["local-steps"] == 1 + 2
+    halves = client(ditto_personal_epochs=1.5, batch_size=N // 4)  # a pass is 4 batches: 1.5 passes are 6 steps
+    _, _, metrics = halves.fit([w_global.astype(np.float32).reshape(1, D)], {"server-round": 1})
+    assert metrics["local-steps"] == 1 + 6
+
+
 def test_evaluation_tests_the_personal_model_and_reports_the_global_one_beside_it():
     ditto = client()
     _, x, y = regression_data()

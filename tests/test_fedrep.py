@@ -35,6 +35,21 @@ def test_a_head_step_then_a_body_step_match_an_independent_computation():
     assert metrics["local-steps"] == 2 and metrics["grad-evals"] == 2 and metrics["fedrep-head-loss"] > 0
 
 
+def test_head_epochs_are_passes_over_the_data_on_the_head():
+    data, lr = blobs(), 0.3
+    model = build_model("mlp", input_shape=(2,), num_classes=2, seed=0)
+    client = FedRepClient(model=model, data=data, partition_id=0,
+                          settings=settings(strategy="fedrep", model="mlp", lr=lr, local_steps=1, batch_size=40,
+                                            fedrep_head_steps=9, fedrep_head_epochs=2.0, device="cpu"))  # fmt: skip
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    _, _, metrics = client.fit([start[k].numpy() for k in BODY], {"server-round": 1, "payload": "model:4"})
+    x, y = torch.as_tensor(data.train_x), torch.as_tensor(data.train_y)
+    expected = sgd_on(sgd_on(start, HEAD, x, y, lr), HEAD, x, y, lr)  # a batch of 40 is the whole set
+    for name, got in zip(HEAD, client.state.arrays(PERSONAL_LAYERS), strict=True):
+        np.testing.assert_allclose(got, expected[name].numpy(), rtol=1e-5, atol=1e-6)
+    assert metrics["local-steps"] == 2 + 1
+
+
 def test_the_head_never_leaves_the_client_and_survives_across_rounds():
     run = InProcessRun(run_config={"strategy": "fedrep", "fraction-fit": 1.0, "min-available-clients": 4,
                                    "fedrep-head-steps": 3, "local-steps": 3}, num_clients=4)  # fmt: skip

@@ -181,10 +181,10 @@ def test_perfedavg_broadcasts_its_hyperparameters_and_adapts_with_alpha():
     strategy = PerFedAvg(settings=run, initial_parameters=ndarrays_to_parameters(arrays(0.0)))
     assert strategy.name == "perfedavg" and run.run.aggregation == "uniform"
     assert strategy.fit_config(3) == {
-        "local-steps": 4, "batch-size": 5, "perfedavg-alpha": 0.03, "perfedavg-beta": 0.07, "perfedavg-delta": 1e-4,
-        "perfedavg-delta-scale": "gradient", "perfedavg-variant": "so", "perfedavg-curvature-bound": -1.0,
-        "perfedavg-outer-batch-size": 6,
-        "perfedavg-hessian-batch-size": 7, "server-round": 3}  # fmt: skip
+        "local-steps": 4, "local-epochs": 0.0, "batch-size": 5, "perfedavg-alpha": 0.03, "perfedavg-beta": 0.07,
+        "perfedavg-delta": 1e-4, "perfedavg-delta-scale": "gradient", "perfedavg-variant": "so",
+        "perfedavg-curvature-bound": -1.0, "perfedavg-outer-batch-size": 6, "perfedavg-hessian-batch-size": 7,
+        "server-round": 3}  # fmt: skip
     assert strategy.evaluate_config() == {"adapt-steps": 1, "adapt-lr": 0.03, "adapt-batch-size": 10}
     explicit = PerFedAvg(settings=settings(strategy="perfedavg", adapt_lr=0.5),
                          initial_parameters=ndarrays_to_parameters(arrays(0.0)))  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from strategies.contracts.common import MAX_STEPS
+from strategies.contracts.common import MAX_EPOCHS, MAX_STEPS
 from strategies.contracts.contract import Contract, MethodSettings, Metric
 from strategies.contracts.keys import key
 
@@ -18,9 +18,10 @@ class DittoSettings(MethodSettings):
 
     A sampled client runs FedAvg's local update from the global model ``w^t`` (shared
     ``lr``, ``local-steps`` or ``local-epochs``, ``batch-size``) and returns it; it then
-    takes ``ditto-personal-steps`` steps of size ``ditto-personal-lr`` on its personal
-    model ``v_k``, on ``F_k(v) + lambda/2 ||v - w^t||^2``, and keeps ``v_k`` for the next
-    round. Personalised evaluation tests ``v_k`` as it is.
+    takes ``ditto-personal-steps`` steps (or ``ditto-personal-epochs`` passes over its data)
+    of size ``ditto-personal-lr`` on its personal model ``v_k``, on
+    ``F_k(v) + lambda/2 ||v - w^t||^2``, and keeps ``v_k`` for the next round. Personalised
+    evaluation tests ``v_k`` as it is.
     """
 
     prefix: ClassVar[str] = "ditto"
@@ -30,6 +31,8 @@ class DittoSettings(MethodSettings):
     personal_lr: float = key(0.05, "step size of the personal model's updates", above=0)
     personal_steps: int = key(10, "personal-model steps each time the client is sampled", at_least=1,
                               at_most=MAX_STEPS)  # fmt: skip
+    personal_epochs: float = key(0.0, "if > 0: passes over the local data for the personal model instead of "
+                                 "ditto-personal-steps", at_least=0, at_most=MAX_EPOCHS)  # fmt: skip
 
 
 CONTRACT = Contract(

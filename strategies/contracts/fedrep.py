@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from strategies.contracts.common import MAX_STEPS
+from strategies.contracts.common import MAX_EPOCHS, MAX_STEPS
 from strategies.contracts.contract import Contract, MethodSettings, Metric
 from strategies.contracts.keys import key
 from strategies.contracts.personal import LastLayers
@@ -17,10 +17,10 @@ HEAD_LOSS = "fedrep-head-loss"
 class FedRepSettings(MethodSettings):
     """FedRep (Collins, Hassani, Mokhtari, Shakkottai, ICML 2021), Algorithm 1: a shared representation.
 
-    A sampled client first takes ``fedrep-head-steps`` SGD steps on its head with the body
-    it received frozen, then the shared ``local-steps`` (or ``local-epochs``) on the body
-    with its head frozen, both with the shared ``lr`` and ``batch-size``; it returns the
-    body and keeps the head. The server averages the bodies.
+    A sampled client first takes ``fedrep-head-steps`` SGD steps (or ``fedrep-head-epochs``
+    passes over its data) on its head with the body it received frozen, then the shared
+    ``local-steps`` (or ``local-epochs``) on the body with its head frozen, both with the
+    shared ``lr`` and ``batch-size``; it returns the body and keeps the head. The server averages the bodies.
     """
 
     prefix: ClassVar[str] = "fedrep"
@@ -29,6 +29,8 @@ class FedRepSettings(MethodSettings):
                                at_least=1)  # fmt: skip
     head_steps: int = key(10, "tau_h: SGD steps on the head, body frozen, before the body's local-steps",
                           at_least=1, at_most=MAX_STEPS)  # fmt: skip
+    head_epochs: float = key(0.0, "if > 0: passes over the local data on the head instead of fedrep-head-steps",
+                             at_least=0, at_most=MAX_EPOCHS)  # fmt: skip
 
 
 CONTRACT = Contract(

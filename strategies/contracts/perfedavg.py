@@ -18,6 +18,10 @@ RELU_SO_BOUND = 0.3  # perfedavg-curvature-bound = -1: the bound of so on a ReLU
 class PerFedAvgSettings(MethodSettings):
     """Per-FedAvg (Fallah, Mokhtari, Ozdaglar 2020): ``local-steps`` (tau) meta-updates on batches D, D', D''.
 
+    With ``local-epochs`` > 0 a round runs that many passes instead: a pass is as many
+    meta-updates as it takes the batches one update reads (D and D'; D'' too, unless
+    ``fo``) to cover the client's data once (:meth:`examples_per_step`).
+
     ``batch-size`` is the size of D; every client also adapts with step ``alpha`` before
     it is tested (unless ``adapt-lr`` says otherwise).
     """
@@ -53,6 +57,11 @@ class PerFedAvgSettings(MethodSettings):
             return self.curvature_bound
         return RELU_SO_BOUND if self.variant == "so" and not smooth else 0.0
 
+    def examples_per_step(self, batch_size: int, num_examples: int) -> int:
+        """The examples one meta-update reads of ``num_examples``: D and D', and D'' unless ``fo`` (drawn, unused)."""
+        used = [batch_size, self.outer_batch_size] + ([] if self.variant == "fo" else [self.hessian_batch_size])
+        return sum(min(size, num_examples) for size in used)
+
     def batch_sizes(self, batch_size: int) -> dict[str, int]:
         """The sizes of D, D' and D'' by key."""
         return {"batch-size": batch_size, "perfedavg-outer-batch-size": self.outer_batch_size,
@@ -63,9 +72,9 @@ CONTRACT = Contract(
     name="perfedavg",
     summary="Per-FedAvg: personalised FL as MAML, with first-order, Hessian-free and exact second-order meta-steps",
     settings=PerFedAvgSettings,
-    uses=("local-steps", "batch-size"),
+    uses=("local-steps", "local-epochs", "batch-size"),
     example={"strategy": "perfedavg"},
     # alpha is tuned only if asked (fathom-step): it is also the test-time step, so moving it changes what is
     # evaluated; B5 measures whether it pays
-    tunable=Tunable(step="perfedavg-beta", work=("local-steps",), other_steps=("perfedavg-alpha",)),
+    tunable=Tunable(step="perfedavg-beta", work=("local-epochs", "local-steps"), other_steps=("perfedavg-alpha",)),
 )
