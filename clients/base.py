@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from flwr.client import NumPyClient
 from flwr.common.logger import log
-from torch import nn
+from torch import Tensor, nn
 
 from clients.models import layout_of
 from clients.state import ClientState
@@ -184,8 +184,19 @@ class TorchClient(NumPyClient):
         self.data = data
         self.train_x = to_tensor(data.train_x, self.device, self.normalisation)
         self.train_y = torch.as_tensor(data.train_y, device=self.device)
-        self.test_x = to_tensor(data.test_x, self.device, self.normalisation)
+        self._test_x: Tensor | None = None
         self.test_y = torch.as_tensor(data.test_y, device=self.device)
+
+    @property
+    def test_x(self) -> Tensor:
+        """The test inputs on this client's device, normalised when first read.
+
+        A client is built for every message and a fit message never reads them: scaling a
+        quarter of the data for nothing cost a CIFAR-10 client about 3 ms a message.
+        """
+        if self._test_x is None:
+            self._test_x = to_tensor(self.data.test_x, self.device, self.normalisation)
+        return self._test_x
 
     # ------------------------------------------------------------------ hooks
 

@@ -39,6 +39,17 @@ def test_personalised_evaluation_adapts_a_copy_and_beats_the_unadapted_model():
         np.testing.assert_array_equal(before, after)  # the client's own model was not touched
 
 
+def test_the_test_split_is_normalised_when_first_read_and_a_fit_never_reads_it():
+    client = toy_client()
+    client.normalisation = ((1.0, -1.0), (2.0, 4.0))  # per "channel" (feature) scaling, to see it applied
+    client.use_data(client.data)
+    client.fit(client.get_parameters({}), {"server-round": 1})
+    assert client._test_x is None  # training never touched the test inputs
+    expected = (torch.as_tensor(client.data.test_x) - torch.tensor([1.0, -1.0])) / torch.tensor([2.0, 4.0])
+    torch.testing.assert_close(client.test_x, expected)
+    assert client.test_x is client.test_x  # scaled once
+
+
 def test_zero_adapt_steps_reports_the_global_model():
     client = toy_client(adapt_steps=0)
     _, _, metrics = client.evaluate(client.get_parameters({}), {})
