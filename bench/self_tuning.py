@@ -88,10 +88,11 @@ SETBACK = {"fathom-setback": 0.5, "fathom-decay-arm": 0.7}  # the setback test a
 VARIANTS = {"probe": (PROBE, "the start probe", "probed"), "decay": (DECAY, "the stationarity test", "decayed"),
             "rescue": (RESCUE, "the overshoot and setback tests", "rescued"),
             "setback": (SETBACK, "the setback test alone", "set-back"),
-            "safe": (SAFE, "safe ascent (the default)", "safe")}  # fmt: skip
+            "safe": (SAFE, "safe ascent (the default)", "safe"),
+            "safe-decay": (SAFE | DECAY, "safe ascent and the stationarity test", "safe-decayed")}  # fmt: skip
 PROBED = ("perfedavg", "fedavg")  # the methods whose bad starts also run with each variant
 LINE_STYLES = {None: "-", "probe": "--", "decay": "-.", "rescue": ":", "setback": (0, (5, 1, 1, 1, 1, 1)),
-               "safe": (0, (1, 1))}  # fmt: skip
+               "safe": (0, (1, 1)), "safe-decay": (0, (3, 1, 1, 1))}  # fmt: skip
 METHODS = {"perfedavg": ("Per-FedAvg HF", "perfedavg-beta"), "fedavg": ("FedAvg + update", "lr"),
            "alpha": (f"Per-FedAvg HF (beta = {ALPHA_BETA})", "perfedavg-alpha")}  # fmt: skip
 
