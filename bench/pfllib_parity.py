@@ -223,7 +223,7 @@ def curve_rows(log: RunLog, args: argparse.Namespace, method: str, column: str) 
                 row[f"{system}-per-seed"] = per[system]
         if paired:
             row["gap"], row["gap-ci95"] = interval([per["stamen"][s] - per["pfllib"][s] for s in paired])
-            row["within-noise"] = len(paired) > 1 and abs(row["gap"]) <= row["gap-ci95"]
+            row["within-noise"] = abs(row["gap"]) <= row["gap-ci95"] if len(paired) > 1 else None  # one seed: no noise
         rows.append(row)
     return rows
 
@@ -259,6 +259,11 @@ def report_of(log: RunLog, args: argparse.Namespace) -> dict:
             "methods": methods}  # fmt: skip
 
 
+def noise_word(within: bool | None) -> str:
+    """A table's verdict: yes / no, or n/a where fewer than two seeds are paired."""
+    return "n/a" if within is None else "yes" if within else "no"
+
+
 def markdown(report: dict) -> str:
     lines = [f"# B8 beside PFLlib's own code ({report['date']}, {report['machine']})", "",
              f"PFLlib {report['pfllib']['commit'][:12]} ({report['pfllib']['url']}), unchanged; both systems on the "
@@ -279,7 +284,7 @@ def markdown(report: dict) -> str:
             lines.append(f"| {weighted['round']} | {fmt(weighted.get('stamen'), weighted.get('stamen-ci95'))} | "
                          f"{fmt(weighted.get('pfllib'), weighted.get('pfllib-ci95'))} | "
                          f"{fmt(weighted.get('gap'), weighted.get('gap-ci95'))} | "
-                         f"{weighted.get('within-noise', 'n/a')} | {fmt(mean.get('stamen'))} | "
+                         f"{noise_word(weighted.get('within-noise'))} | {fmt(mean.get('stamen'))} | "
                          f"{fmt(mean.get('pfllib'))} |")  # fmt: skip
         if "pfllib-prototype-accuracy" in row:
             protos = row["pfllib-prototype-accuracy"]

@@ -62,3 +62,22 @@ def test_stamens_side_runs_pfllibs_defaults(method):
     expected = {"perfedavg": 2.0}.get(method, 1.0)  # PFLlib's Per-FedAvg trains its epoch twice a round
     assert settings.training.local_epochs == expected
     assert settings.training.adapt_steps == (1 if method == "perfedavg" else 0)
+
+
+def test_the_curves_pair_seeds_and_say_nothing_about_noise_from_one_seed(tmp_path):
+    from types import SimpleNamespace
+
+    from bench.harness import RunLog
+    from bench.pfllib_parity import KEY_FIELDS, curve_rows
+
+    log = RunLog(path=tmp_path / "runs.jsonl", key_fields=KEY_FIELDS)
+    figures = {("stamen", 0): 0.50, ("pfllib", 0): 0.40, ("stamen", 1): 0.60, ("pfllib", 1): 0.56, ("stamen", 2): 0.7}
+    for (system, seed), accuracy in figures.items():
+        log.append({"system": system, "method": "fedavg", "seed": seed, "rounds": 1, "every": 1,
+                    "figures": [{"round": 1, "accuracy": accuracy}]})  # fmt: skip
+    args = SimpleNamespace(seeds=[0, 1, 2], rounds=1, every=1)
+    (row,) = curve_rows(log, args, "fedavg", "accuracy")
+    assert row["seeds"] == [0, 1] and row["gap"] == pytest.approx(7.0)  # (10 + 4) / 2, seed 2 has no pair
+    assert row["within-noise"] == (abs(row["gap"]) <= row["gap-ci95"])
+    (alone,) = curve_rows(log, SimpleNamespace(seeds=[0], rounds=1, every=1), "fedavg", "accuracy")
+    assert alone["within-noise"] is None
