@@ -177,7 +177,10 @@ def test_killed_supernode_is_recorded_as_failed_and_the_run_completes_and_improv
     lost = [r for r in rounds[1:] if r["clients-failed"] > 0]
     assert lost, "the killed node's round was not recorded as a failure"
     assert all(len(r["fit-failures"]) == r["clients-failed"] for r in lost)
-    assert "Node Unavailable" in lost[0]["fit-failures"][0]
+    # killed before its reply, Flower says the node is unavailable; killed while pushing the reply, that the reply's
+    # objects never arrived (seen under load): either way the failure names the lost node's message
+    assert any(reason in lost[0]["fit-failures"][0] for reason in ("Node Unavailable", "Reply message objects are "
+                                                                   "unavailable"))  # fmt: skip
     assert all(r["clients-succeeded"] == 2 for r in rounds[1:])  # the two survivors carried every later round
     assert rounds[-1]["clients-sampled"] == 2  # sampling shrank to the nodes still connected
     # the server tests the global model after every round: it kept improving without the lost node
