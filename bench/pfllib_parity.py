@@ -98,7 +98,12 @@ def client_arrays(seed: int) -> list[tuple]:
     from app.local.inprocess import build_clients
 
     clients = build_clients(parse_settings(stamen_config("fedavg", seed=seed, rounds=1, every=1)), CLIENTS)
-    return [tuple(t.cpu().numpy() for t in (c.train_x, c.train_y, c.test_x, c.test_y)) for c in clients]
+    return [arrays_of(c) for c in clients]
+
+
+def arrays_of(client) -> tuple:
+    """A stamen client's (train x, train y, test x, test y) as the arrays it trains and tests on."""
+    return tuple(t.cpu().numpy() for t in (client.train_x, client.train_y, client.test_x, client.test_y))
 
 
 def prepare(root: Path, seed: int) -> str:
@@ -123,8 +128,7 @@ def stamen_run(method: str, *, seed: int, rounds: int, every: int) -> dict:
     torch.set_num_threads(1)
     started = time.perf_counter()
     run = InProcessRun(run_config=stamen_config(method, seed=seed, rounds=rounds, every=every), num_clients=CLIENTS)
-    held = fingerprint(tuple(t.cpu().numpy() for t in (c.train_x, c.train_y, c.test_x, c.test_y))
-                       for c in run.clients)  # fmt: skip
+    held = fingerprint(arrays_of(c) for c in run.clients)
     evaluations = []
     for _ in range(rounds):
         run.step()
