@@ -234,10 +234,12 @@ def curve_rows(log: RunLog, args: argparse.Namespace, method: str, column: str) 
 
 def report_of(log: RunLog, args: argparse.Namespace) -> dict:
     methods = {}
+    logged = []
     for method in args.methods:
         runs = [log.get({"system": system, "method": method, "seed": seed, "rounds": args.rounds,
                          "every": args.every}) for system in SYSTEMS for seed in args.seeds]  # fmt: skip
         done = [r for r in runs if r is not None]
+        logged += done
         methods[method] = {
             "pfllib-algorithm": ALGORITHMS[method], "evaluated": EVALUATED[method],
             "stamen-config": stamen_config(method, seed=0, rounds=args.rounds, every=args.every),
@@ -252,11 +254,10 @@ def report_of(log: RunLog, args: argparse.Namespace) -> dict:
                 {"round": f["round"], **{str(r["seed"]): 100 * f["prototype-accuracy"]}}
                 for r in done if r["system"] == "pfllib" for f in r["figures"]
             ]  # fmt: skip
-    fingerprints = {
-        seed: json.loads((CACHE / "data" / dataset_name(seed) / "fingerprint.json").read_text())["sha256"]
-        for seed in args.seeds
-        if (CACHE / "data" / dataset_name(seed) / "fingerprint.json").exists()
-    }
+    # from the runs, not the cache's export: what each system read, also where the export has been deleted since
+    read = {(r["seed"], r["read-fingerprint"]) for r in logged}
+    fingerprints = {seed: next(iter(hashes)) if len(hashes) == 1 else sorted(hashes)
+                    for seed in args.seeds if (hashes := {h for s, h in read if s == seed})}  # fmt: skip
     return {"benchmark": "B8 parity with PFLlib", "pfllib": {"url": "https://github.com/TsingZ0/PFLlib",
             "commit": PFLLIB_COMMIT}, "budget": PFLLIB_DEFAULTS, "clients": CLIENTS, "rounds": args.rounds,
             "every": args.every, "seeds": args.seeds, "client-fingerprints": fingerprints, **stamp(),
