@@ -84,15 +84,21 @@ DECAY = {"fathom-decay-window": 5}  # the stationarity test: halve the step once
 # the loss gives back half its progress; both start when the loss is at 0.7 of its first round's (B2's gate)
 RESCUE = {"fathom-decay-window": 5, "fathom-decay-test": "overshoot", "fathom-setback": 0.5, "fathom-decay-arm": 0.7}
 SETBACK = {"fathom-setback": 0.5, "fathom-decay-arm": 0.7}  # the setback test alone (B2's arm of the same name)
+# the stationarity test fires about log2(T / 5) times in T rounds (windows 5, 10, 20, 40: 4 in B5's 100), so halving
+# takes beta from its 0.37 peak to 0.02 (B5, safe-decay); dividing by sqrt(2) each time ends near 0.1, B5's best
+GENTLE = {"fathom-decay-factor": 2**0.5}
 # variant -> (its keys, its words in a label, its kind in a run's folder name); the tuner's bad-start rescues
 VARIANTS = {"probe": (PROBE, "the start probe", "probed"), "decay": (DECAY, "the stationarity test", "decayed"),
             "rescue": (RESCUE, "the overshoot and setback tests", "rescued"),
             "setback": (SETBACK, "the setback test alone", "set-back"),
             "safe": (SAFE, "safe ascent (the default)", "safe"),
-            "safe-decay": (SAFE | DECAY, "safe ascent and the stationarity test", "safe-decayed")}  # fmt: skip
+            "safe-decay": (SAFE | DECAY, "safe ascent and the stationarity test", "safe-decayed"),
+            "safe-decay-sqrt2": (SAFE | DECAY | GENTLE, "safe ascent and the stationarity test dividing by sqrt(2)",
+                                 "safe-decayed-sqrt2")}  # fmt: skip
 PROBED = ("perfedavg", "fedavg")  # the methods whose bad starts also run with each variant
 LINE_STYLES = {None: "-", "probe": "--", "decay": "-.", "rescue": ":", "setback": (0, (5, 1, 1, 1, 1, 1)),
-               "safe": (0, (1, 1)), "safe-decay": (0, (3, 1, 1, 1))}  # fmt: skip
+               "safe": (0, (1, 1)), "safe-decay": (0, (3, 1, 1, 1)),
+               "safe-decay-sqrt2": (0, (3, 1, 3, 1, 1, 1))}  # fmt: skip
 METHODS = {"perfedavg": ("Per-FedAvg HF", "perfedavg-beta"), "fedavg": ("FedAvg + update", "lr"),
            "alpha": (f"Per-FedAvg HF (beta = {ALPHA_BETA})", "perfedavg-alpha")}  # fmt: skip
 
