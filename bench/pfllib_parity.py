@@ -254,10 +254,10 @@ def report_of(log: RunLog, args: argparse.Namespace) -> dict:
                 {"round": f["round"], **{str(r["seed"]): 100 * f["prototype-accuracy"]}}
                 for r in done if r["system"] == "pfllib" for f in r["figures"]
             ]  # fmt: skip
-    # from the runs, not the cache's export: what each system read, also where the export has been deleted since
-    read = {(r["seed"], r["read-fingerprint"]) for r in logged}
-    fingerprints = {seed: next(iter(hashes)) if len(hashes) == 1 else sorted(hashes)
-                    for seed in args.seeds if (hashes := {h for s, h in read if s == seed})}  # fmt: skip
+    read: dict[int, set[str]] = {}
+    for run in logged:  # from the runs, not the cache's export: what each system read, also once the export is gone
+        read.setdefault(run["seed"], set()).add(run["read-fingerprint"])
+    fingerprints = {seed: hashes.pop() if len(hashes) == 1 else sorted(hashes) for seed, hashes in read.items()}
     return {"benchmark": "B8 parity with PFLlib", "pfllib": {"url": "https://github.com/TsingZ0/PFLlib",
             "commit": PFLLIB_COMMIT}, "budget": PFLLIB_DEFAULTS, "clients": CLIENTS, "rounds": args.rounds,
             "every": args.every, "seeds": args.seeds, "client-fingerprints": fingerprints, **stamp(),
