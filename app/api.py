@@ -8,8 +8,8 @@ The two entry points build a Flower ``ServerApp`` and ``ClientApp`` for any regi
 method from the app's own network and data; stamen's own app is built with them too.
 On Flower's Message API, ``stamen.PerFedAvg`` (and a class per method, by its strategy's
 name; :func:`message_strategy` by method name) is a ``flwr.serverapp.strategy.Strategy``
-a ``flwr new`` app swaps for ``FedAvg``; ``build_client_app``'s ClientApp answers both APIs
-(:func:`serving_both` makes one from a ``client_fn`` of the app's own).
+a ``flwr new`` app swaps for ``FedAvg``; ``build_client_app``'s ClientApp answers them
+(:func:`serving` makes one from an app's own function that builds a stamen client).
 ``METHODS`` maps each method's name (the ``strategy`` key's value) to its ``Method``: its
 strategy class, its client class and its keys (:func:`method` looks one up by name).
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from app.client_app import build_client_app
 from app.config import ConfigError, app_keys, parse_settings
-from app.message_client import serving_both
+from app.message_client import serving
 from app.message_methods import (
     Apfl,
     Diffusion,
@@ -45,7 +45,6 @@ from clients.models import Model, SplitModel, build_model, card_of, register_mod
 from datasets import ClientData
 from strategies.contracts.models import ModelCard
 from strategies.contracts.settings import Settings
-from strategies.server import RoundServer
 
 __all__ = [
     "METHODS",
@@ -70,7 +69,6 @@ __all__ = [
     "Moon",
     "PFedMe",
     "PerFedAvg",
-    "RoundServer",
     "Scaffold",
     "Settings",
     "SplitModel",
@@ -83,7 +81,7 @@ __all__ = [
     "method",
     "parse_settings",
     "register_model",
-    "serving_both",
+    "serving",
     "split_at",
 ]
 

@@ -13,12 +13,12 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from flwr.client import Client, ClientApp, NumPyClient
+from flwr.client import ClientApp, NumPyClient
 from flwr.common import Context
 
 from app import message_cost
 from app.config import ConfigError
-from app.message_client import serving_both
+from app.message_client import serving
 from app.own_parts import DataFn, ModelFn, OwnParts
 from app.registry import METHODS
 from app.workdir import fab_root_of, serve_workers_from_the_fab
@@ -74,10 +74,10 @@ def build_client_app(
     """A Flower ``ClientApp`` that serves the stamen method named by the run config's ``strategy``.
 
     It is what stamen's own app runs (``app = build_client_app(allow_app_keys=False)``).
-    It answers both of Flower's APIs (:class:`app.message_client.BothApis`): a legacy
-    server's messages, and a Message API strategy's (``stamen.PerFedAvg`` and the others).
-    Give ``model`` and ``model_name``/``model_card`` as given to
-    :func:`app.server_app.build_server_app`, so that both sides build the same network.
+    Its ``train``, ``evaluate`` and ``query`` handlers (:func:`app.message_client.serving`)
+    answer a stamen round engine's messages (``stamen.PerFedAvg`` and the others). Give
+    ``model`` and ``model_name``/``model_card`` as given to :func:`app.server_app.build_server_app`,
+    so that both sides build the same network.
 
     Parameters
     ----------
@@ -104,7 +104,7 @@ def build_client_app(
     serve_workers_from_the_fab(fab_root_of(caller_file()))  # before Flower starts Ray: its workers import this run
     parts = OwnParts(model=model, model_name=model_name, model_card=model_card, allow_app_keys=allow_app_keys)
     load_app_data = None if data is None else AppData(data=data, keys=data_keys, size=cached_partitions)
-    return serving_both(client_function(parts, load_app_data), message_cost.mods())
+    return serving(client_function(parts, load_app_data), message_cost.mods())
 
 
 def caller_file() -> Path:
@@ -112,11 +112,11 @@ def caller_file() -> Path:
     return Path(sys._getframe(2).f_code.co_filename)
 
 
-def client_function(parts: OwnParts, load_app_data: AppData | None = None) -> Callable[[Context], Client]:
-    """Flower's ``client_fn`` for an app's parts (:func:`build_client_app`)."""
+def client_function(parts: OwnParts, load_app_data: AppData | None = None) -> Callable[[Context], NumPyClient]:
+    """The function that builds a node's stamen client for an app's parts (:func:`build_client_app`)."""
 
-    def client_fn(context: Context) -> Client:
-        return node_client(context, parts=parts, load_app_data=load_app_data).to_client()
+    def client_fn(context: Context) -> NumPyClient:
+        return node_client(context, parts=parts, load_app_data=load_app_data)
 
     return client_fn
 
@@ -127,7 +127,7 @@ def node_client(context: Context, *, parts: OwnParts, load_app_data: AppData | N
     A failure here (a missing GPU, an unreadable data file, a node config without its
     partition) is answered as data (:class:`UnavailableClient`), so the server's
     preflight can condense it into one line per cause instead of Flower printing a
-    Ray traceback for every client. Both ClientApps (legacy and Message API) build it so.
+    Ray traceback for every client.
     """
     try:
         return build_client(context, parts, load_app_data)

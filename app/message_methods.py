@@ -1,4 +1,4 @@
-"""stamen's methods as Flower Message API strategies, and the Message API ServerApp that runs them.
+"""stamen's methods as Flower Message API strategies, and the run that stamen's ServerApp plays with them.
 
 A ``flwr new`` app swaps Flower's ``FedAvg(...)`` for one of these and keeps its
 ``strategy.start(grid=grid, ...)``::
@@ -9,11 +9,10 @@ A ``flwr new`` app swaps Flower's ``FedAvg(...)`` for one of these and keeps its
 Each class is :class:`MethodStrategy` fixed to one registered method
 (:func:`message_strategy` builds it from the registry; the built-in ones have names
 here, exported by ``stamen``); the app's ClientApp is ``stamen.build_client_app(...)``,
-whose handlers answer them. Stamen's own ServerApp runs them for ``api = "message"``
-(:func:`run_on_grid`). Everything a run of the legacy path gets (the checks
-before any work, the preflight, the results folder, checkpoints, resuming, the
-divergence stop) it gets here: both drive the same stamen strategy
-(:func:`app.server_run.run_strategy`).
+whose handlers answer them. Stamen's own ServerApp runs them (:func:`run_on_grid`), so an
+app gets what stamen's own run gets: the checks before any work, the preflight, the
+results folder, checkpoints, resuming and the divergence stop. Each is the round engine
+(:class:`strategies.flower.rounds.Rounds`) over the method :func:`app.server_run.run_method` builds.
 """
 
 from __future__ import annotations
@@ -27,13 +26,13 @@ from flwr.serverapp import Grid
 from app.config import ConfigError
 from app.own_parts import ModelFn, OwnParts
 from app.registry import method_named
-from app.server_run import refused, run_strategy
+from app.server_run import refused, run_method
 from strategies.contracts.common import RunSettings
 from strategies.contracts.models import ModelCard
-from strategies.message_strategy import MessageStrategy
+from strategies.flower.rounds import Rounds
 
 
-class MethodStrategy(MessageStrategy):
+class MethodStrategy(Rounds):
     """A stamen method as a Flower Message API strategy, built from a run config (see the module's docstring).
 
     Parameters
@@ -74,19 +73,16 @@ class MethodStrategy(MessageStrategy):
                 if named != self.method:
                     raise ConfigError(f"run config key 'strategy': {named!r} given to {type(self).__name__}, "
                                       f"which runs {self.method!r}; drop the key or build message_strategy({named!r})")
-            strategy, rounds, settings = run_strategy(config, parts)
+            method, checkpoint, settings = run_method(config, parts)
         except ConfigError as err:
             refused(err, config, parts)
             raise
-        super().__init__(strategy=strategy, num_rounds=rounds, pull_interval=settings.execution.pull_interval,
+        super().__init__(method=method, checkpoint=checkpoint, pull_interval=settings.execution.pull_interval,
                          overlap_rounds=settings.execution.overlap_rounds)  # fmt: skip
 
 
 def run_on_grid(grid: Grid, run_config: Mapping[str, object], parts: OwnParts) -> None:
-    """The run ``run_config`` names, on the Message API: its method's strategy started on ``grid``.
-
-    What :func:`app.server_app.build_server_app`'s ServerApp runs for ``api = "message"``.
-    """
+    """The run ``run_config`` names: its method's strategy started on ``grid`` (what stamen's ServerApp runs)."""
     try:
         strategy_class = message_strategy(str(RunSettings.from_config(run_config).strategy))
     except ConfigError as err:
@@ -108,10 +104,10 @@ def message_strategy(name: str) -> type[MethodStrategy]:
         For a name no method has, listing those that exist.
 
     """
-    legacy = method_named(name).strategy
+    method = method_named(name).strategy
     doc = (f"stamen's ``{name}`` as a Flower Message API strategy (:class:`MethodStrategy`); the server's maths "
-           f"is :class:`{legacy.__module__}.{legacy.__name__}`.")  # fmt: skip
-    return type(legacy.__name__, (MethodStrategy,), {"method": name, "__doc__": doc, "__module__": __name__})
+           f"is :class:`{method.__module__}.{method.__name__}`.")  # fmt: skip
+    return type(method.__name__, (MethodStrategy,), {"method": name, "__doc__": doc, "__module__": __name__})
 
 
 # the built-in methods by their class names (stamen.PerFedAvg, ...); a method added to the registry has its class

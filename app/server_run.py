@@ -1,8 +1,7 @@
-"""The run's stamen strategy from its run config: the checks before any work, its model, results folder, resuming.
+"""The run's method from its run config: the checks before any work, its model, results folder, checkpoint.
 
-Both of Flower's APIs drive what :func:`run_strategy` builds: the legacy ServerApp in
-stamen's ``RoundServer`` (:mod:`app.server_app`) and the Message API strategies
-(:mod:`app.message_methods`).
+The round engine (:class:`strategies.flower.rounds.Rounds`, as the method strategies of
+:mod:`app.message_methods`) plays what :func:`run_method` builds.
 """
 
 
@@ -13,7 +12,6 @@ from logging import ERROR, INFO, WARNING
 
 import numpy as np
 import torch
-from flwr.common import Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.logger import log
 
 from app.config import ConfigError, Settings, check_on_server, ignored_keys, ignored_keys_line
@@ -38,7 +36,6 @@ from strategies.checkpoint import (
 )
 from strategies.contracts.common import DataSettings, ExecutionSettings, RunSettings
 from strategies.contracts.models import ModelLayout
-from strategies.resume import ContinuedRun
 from strategies.run_checkpoints import resumable_state_problem
 
 
@@ -60,37 +57,32 @@ def central_evaluator(settings: Settings) -> Callable[[list[np.ndarray]], dict[s
     return evaluate
 
 
-def initial_model(settings: Settings) -> tuple[Parameters, ModelLayout]:
+def initial_model(settings: Settings) -> tuple[list[np.ndarray], ModelLayout]:
     """The model every run starts from, built from the seed so server and clients agree, and its layout."""
     input_shape, num_classes = dataset_shape(settings.data_spec())
     model = build_model(settings.training.model, input_shape=input_shape, num_classes=num_classes,
                         seed=settings.run.seed)  # fmt: skip
     log(INFO, "stamen: %s on %s, model %s (%d parameters)", settings.run.strategy, settings.data.dataset,
         settings.training.model, parameter_count(model))  # fmt: skip
-    return model_parameters(model), layout_of(model)
+    return model_arrays(model), layout_of(model)
 
 
-def model_parameters(model: torch.nn.Module) -> Parameters:
-    """Every ``state_dict`` array of ``model``, in order, as Flower's parameters."""
-    return ndarrays_to_parameters([value.detach().cpu().numpy() for value in model.state_dict().values()])
-
-
-def initial_parameters(settings: Settings) -> Parameters:
-    """The model every run starts from (:func:`initial_model` without the layout)."""
-    return initial_model(settings)[0]
+def model_arrays(model: torch.nn.Module) -> list[np.ndarray]:
+    """Every ``state_dict`` array of ``model``, in order, as numpy arrays (copies)."""
+    return [value.detach().cpu().numpy().copy() for value in model.state_dict().values()]
 
 
 def build_strategy(settings: Settings, **options: object) -> FederatedStrategy:
     """The run's method's strategy from its initial model; ``options`` go to its constructor (recorder, ...)."""
-    parameters, layout = initial_model(settings)
-    return METHODS[settings.run.strategy].strategy(settings=settings, initial_parameters=parameters,
-                                                   layout=layout, **options)  # fmt: skip
+    arrays, layout = initial_model(settings)
+    return METHODS[settings.run.strategy].strategy(settings=settings, initial_model=arrays, layout=layout,
+                                                   **options)  # fmt: skip
 
 
 # What may change when a run resumes: its length, where and how often it writes, where it computes.
 RESUMABLE_CHANGES = frozenset(
     {"num-server-rounds", "checkpoint-every", "resume-from", "results-dir", "run-name", "device", "num-threads",
-     "eval-every", "api", "pull-interval", "overlap-rounds"}
+     "eval-every", "pull-interval", "overlap-rounds"}
 )  # fmt: skip
 
 
@@ -154,26 +146,25 @@ def refused(err: Exception, run_config: Mapping[str, object], parts: OwnParts) -
         log(INFO, "stamen wrote %s (status failed: refused)", written)
 
 
-def run_strategy(run_config: Mapping[str, object], parts: OwnParts) -> tuple[FederatedStrategy | ContinuedRun, int,
-                                                                             Settings]:  # fmt: skip
-    """The run's stamen strategy (continued from ``resume-from``'s checkpoint if named), its rounds left, its settings.
+def run_method(run_config: Mapping[str, object],
+               parts: OwnParts) -> tuple[FederatedStrategy, Checkpoint | None, Settings]:  # fmt: skip
+    """The run's method, the checkpoint it continues from (``resume-from``; ``None`` for a new run), its settings.
 
     Everything that can fail on the server runs here, before the results folder exists;
-    both adapters (the legacy ``RoundServer`` and the Message API strategy) drive what it builds.
+    the round engine (:class:`strategies.flower.rounds.Rounds`) plays what it builds.
     """
     settings, network = parts.settings(run_config, own_data=bool(parts.data_name))  # checked by app.config.rules
     ignored = ignored_keys(run_config, settings)
     if ignored:
         log(WARNING, ignored_keys_line(ignored))
     if network is None:
-        parameters, layout = initial_model(settings)
+        arrays, layout = initial_model(settings)
     else:
-        parameters, layout = model_parameters(network), layout_of(network)
+        arrays, layout = model_arrays(network), layout_of(network)
         log(INFO, "stamen: %s on %s, the app's model %s (%d parameters)", settings.run.strategy,
             parts.data_name or settings.data.dataset, settings.training.model, parameter_count(network))  # fmt: skip
     check_on_server(settings, layout=layout)
-    checkpoint = (checkpoint_to_resume(settings, model=parameters_to_ndarrays(parameters))
-                  if settings.execution.resume_from else None)  # fmt: skip
+    checkpoint = checkpoint_to_resume(settings, model=arrays) if settings.execution.resume_from else None
     if checkpoint is None and (problem := earlier_run_in_the_way(settings)):
         raise ConfigError(problem)
     # everything that can fail on the server runs before the results folder exists, so a folder is
@@ -191,16 +182,13 @@ def run_strategy(run_config: Mapping[str, object], parts: OwnParts) -> tuple[Fed
     recorded = {**settings.as_run_config(), **parts.record(run_config, settings)}
     strategy = METHODS[settings.run.strategy].strategy(
         settings=settings,
-        initial_parameters=parameters,
+        initial_model=arrays,
         layout=layout,
         recorder=ResultWriter(run_dir=run_dir, settings=recorded, resume_after=resume_after,
                               provenance=run_provenance(settings.execution.device)),
         central_evaluation=central_evaluation,
     )
-    if checkpoint is None:
-        return strategy, settings.run.num_server_rounds, settings
-    continued = ContinuedRun(strategy=strategy, checkpoint=checkpoint)
-    return continued, continued.remaining_rounds, settings
+    return strategy, checkpoint, settings
 
 
 def earlier_run_in_the_way(settings: Settings) -> str | None:

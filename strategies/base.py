@@ -1,22 +1,22 @@
-"""The base of every stamen strategy: a round of FedAvg with personalised evaluation, composed of members.
+"""The method object every stamen method subclasses: FedAvg with personalised evaluation, composed of members.
 
 :class:`FederatedStrategy` holds the run's settings and the method's hooks, and composes
 members that take their inputs as arguments (``tests/test_part_members.py`` checks that
 none reads what it is not handed): the global model (``global_model``), the node map
 (``nodes``), the reply screens (``reply_screen``, ``update_screen``), the tuner
-(``tuner``), the round as Flower's legacy API plays it (``flower_api.FlowerRounds``,
-which builds each round's record), the run's records and summary (``run_watch``), the
-divergence watch (``divergence``) and checkpoints (``run_checkpoints``). Its Flower
-methods are one line each; :meth:`FederatedStrategy.end_round` closes a round: the
-record goes to the watch, then the divergence watch, checkpoints and the run's end.
+(``tuner``), the round's phases (``rounds.phases.RoundPhases``, which build each round's
+record), the run's records and summary (``run_watch``), the divergence watch
+(``divergence``) and checkpoints (``run_checkpoints``). It is not a Flower strategy:
+Flower's messages reach it through the round engine (:class:`strategies.flower.rounds.Rounds`),
+which calls :meth:`FederatedStrategy.end_round` to close a round: the record goes to the
+watch, then the divergence watch, checkpoints and the run's end.
 
 A method subclasses :class:`FederatedStrategy`, names its contract and overrides a few
 hooks (``hyperparameters``, ``tuning``, ``evaluate_config``, ``sample_fit``,
 ``sample_evaluate``, ``begin_round``, ``parameters_for``, ``payload_for``,
 ``payload_shapes``, ``payload_dtypes``, ``combine``, ``start``, ``state``/``restore``,
 ``finish``, ``divergence_hint``): the table of what each decides and who overrides it
-is in ``docs/architecture.md``. A method never overrides the Flower-facing methods
-(``tests/test_registry.py``). What travels beside the model is declared in the contract
+is in ``docs/architecture.md``. What travels beside the model is declared in the contract
 (``sends``, ``returns``) and packed by name (``strategies.contracts.payload``); a method
 with personal layers (``personal``) has only its shared arrays sent, screened and
 averaged, while the global model keeps the rest at their initial values.
@@ -24,17 +24,12 @@ averaged, while the global model keeps the rest at their initial values.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from logging import WARNING
 from typing import ClassVar
 
 import numpy as np
-from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar
 from flwr.common.logger import log
-from flwr.server.client_manager import ClientManager
-from flwr.server.client_proxy import ClientProxy
-from flwr.server.strategy import Strategy
 
 from strategies.aggregation import aggregate
 from strategies.checkpoint import Checkpoint
@@ -42,24 +37,25 @@ from strategies.contracts.client_reports import EVALUATE_METRICS, FIT_METRICS
 from strategies.contracts.contract import Contract
 from strategies.contracts.fedavg import CONTRACT as FEDAVG
 from strategies.contracts.models import ModelLayout
+from strategies.contracts.payload import Scalar
 from strategies.contracts.settings import MethodSettings, Settings
 from strategies.divergence import DivergenceWatch
-from strategies.flower_api import PREFLIGHT_LOG, FlowerRounds, refuse_plain_server
 from strategies.global_model import GlobalModel, shared_indices
 from strategies.nodes import NodeDirectory
 from strategies.recorder import NullRecorder, Recorder
-from strategies.reply_screen import Failures, ReplyScreen, describe_failure
+from strategies.reply_screen import ReplyScreen, describe_failure
+from strategies.rounds.phases import PREFLIGHT_LOG, RoundPhases
 from strategies.run_checkpoints import RunCheckpoints
 from strategies.run_watch import RunDivergedError, RunWatch
 from strategies.sampling import sample_partitions, sample_size
-from strategies.screening import Reply
+from strategies.screening import Received, Reply
 from strategies.tuner import PHI_METRIC, FathomTuner
 from strategies.update_screen import UpdateNormScreen
 
 __all__ = ["PREFLIGHT_LOG", "FederatedStrategy", "RunDivergedError", "describe_failure"]
 
 
-class FederatedStrategy(Strategy):
+class FederatedStrategy:
     """FedAvg, hardened against bad clients, seeded, with personalised evaluation and per-round records.
 
     Every training reply is screened (array count and shapes, finite values, positive
@@ -73,8 +69,8 @@ class FederatedStrategy(Strategy):
     ----------
     settings
         The run's settings; ``settings.method`` must be this strategy's contract's settings.
-    initial_parameters
-        The global model before round 1.
+    initial_model
+        The global model before round 1: every array, in ``state_dict`` order.
     layout
         The model's :class:`~strategies.contracts.models.ModelLayout` (its ``state_dict``
         names in order, their dtypes, the kinds of layer owning them, its head:
@@ -94,7 +90,7 @@ class FederatedStrategy(Strategy):
         self,
         *,
         settings: Settings,
-        initial_parameters: Parameters,
+        initial_model: list[np.ndarray],
         layout: ModelLayout | Sequence[str] = (),
         recorder: Recorder | None = None,
         central_evaluation: Callable[[list[np.ndarray]], dict[str, float]] | None = None,
@@ -107,9 +103,8 @@ class FederatedStrategy(Strategy):
         self.recorder = recorder if recorder is not None else NullRecorder()
         self.nodes = NodeDirectory(reply_s=settings.run.preflight_timeout)
         self.layout = layout if isinstance(layout, ModelLayout) else ModelLayout.of_names(tuple(layout))
-        size = len(initial_parameters.tensors)
-        self.model = GlobalModel(parameters=initial_parameters, shared=shared_indices(
-            size, self.layout, self.contract, self.method, type(self).__name__))  # fmt: skip
+        self.model = GlobalModel(arrays=list(initial_model), shared=shared_indices(
+            len(initial_model), self.layout, self.contract, self.method, type(self).__name__))  # fmt: skip
         self.shapes = [a.shape for a in self.global_model]
         self.sent_shapes = [self.shapes[i] for i in self.shared]
         self.sent_dtypes = [self.global_model[i].dtype for i in self.shared]  # a reply's arrays must have these
@@ -133,11 +128,11 @@ class FederatedStrategy(Strategy):
                                         sent_dtypes=self.sent_dtypes, update_screen=update_screen)  # fmt: skip
         self.checkpoints = RunCheckpoints(name=self.name, num_rounds=self.num_rounds, nodes=self.nodes,
                                           kept_on_clients=self.contract.client_state(self.method))  # fmt: skip
-        self.rounds = FlowerRounds(hooks=self, run=settings.run, model=self.model, nodes=self.nodes, tuner=self.tuner,
-                                   reply_screen=self.reply_screen, watch=self.watch, recorder=self.recorder,
-                                   central_evaluation=central_evaluation, fit_specs=fit_specs,
-                                   evaluate_specs={m.name: m for m in EVALUATE_METRICS},
-                                   class_names=class_names)  # fmt: skip
+        self.phases = RoundPhases(hooks=self, run=settings.run, model=self.model, nodes=self.nodes, tuner=self.tuner,
+                                  reply_screen=self.reply_screen, watch=self.watch, recorder=self.recorder,
+                                  central_evaluation=central_evaluation, fit_specs=fit_specs,
+                                  evaluate_specs={m.name: m for m in EVALUATE_METRICS},
+                                  class_names=class_names)  # fmt: skip
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rounds={self.num_rounds})"
@@ -171,11 +166,6 @@ class FederatedStrategy(Strategy):
         return self.model.shared_arrays
 
     @property
-    def global_parameters(self) -> Parameters:
-        """The global model as Flower's ``Parameters``."""
-        return self.model.parameters
-
-    @property
     def shared(self) -> list[int]:
         """The indices of the model's arrays that travel."""
         return self.model.shared
@@ -192,12 +182,12 @@ class FederatedStrategy(Strategy):
     @property
     def record(self) -> dict:
         """The record of the round in progress (read it; the round writes it)."""
-        return self.rounds.record
+        return self.phases.record
 
     @property
     def connected_partitions(self) -> list[int]:
         """The partitions connected when this round's fit was configured."""
-        return self.rounds.connected_partitions
+        return self.phases.connected_partitions
 
     def in_force(self, key: str, default: Scalar) -> Scalar:
         """The value in force for ``key``: the tuner's when it moves that key, else ``default``."""
@@ -324,55 +314,17 @@ class FederatedStrategy(Strategy):
         values = self.settings.as_run_config()
         return {k: float(values[k]) for k in self.contract.step_keys() if k in values}
 
-    # ------------------------------------------------------------------ Flower's Strategy: one line each
-
-    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        """Wait for the nodes, run the preflight, then :meth:`start` (``FlowerRounds.initialize_parameters``).
-
-        Raises
-        ------
-        RuntimeError
-            When Flower's plain ``Server`` calls it: that server never closes a round on the
-            strategy, so the run would train and record nothing (``refuse_plain_server``).
-
-        """
-        refuse_plain_server(sys._getframe(1).f_locals.get("self"))
-        return self.rounds.initialize_parameters(client_manager)
-
-    def configure_fit(
-        self, server_round: int, parameters: Parameters, client_manager: ClientManager
-    ) -> list[tuple[ClientProxy, FitIns]]:
-        return self.rounds.configure_fit(server_round, client_manager)
-
-    def aggregate_fit(
-        self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
-    ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        return self.rounds.aggregate_fit(server_round, results, failures)
-
-    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
-        return self.rounds.evaluate(server_round)
-
-    def configure_evaluate(
-        self, server_round: int, parameters: Parameters, client_manager: ClientManager
-    ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        return self.rounds.configure_evaluate(server_round, client_manager)
-
-    def aggregate_evaluate(
-        self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures
-    ) -> tuple[float | None, dict[str, Scalar]]:
-        return self.rounds.aggregate_evaluate(server_round, results, failures)
-
     # ------------------------------------------------------------------ a round's end, the run's end
 
     def end_round(self, server_round: int) -> None:
         """Close the round (its record to :attr:`watch`: the record, divergence watch, checkpoint, the run's end)."""
-        closed = self.rounds.take_record(server_round)
+        closed = self.phases.take_record(server_round)
         self.watch.end_round(server_round, closed.record, started=closed.started, sent_model=closed.sent_model)
 
     def can_overlap(self, server_round: int) -> bool:
         """Whether round ``server_round + 1``'s fit may be configured before ``server_round`` closes.
 
-        The Message API adapter then sends it with the round's evaluation (``overlap-rounds``);
+        The round engine then sends it with the round's evaluation (``overlap-rounds``);
         the run is the same, since closing a round changes nothing the next fit reads,
         unless the method's contract says it does (``overlaps_rounds``) or the close writes
         a checkpoint, which must hold the state before the next round's sampling.
@@ -387,8 +339,8 @@ class FederatedStrategy(Strategy):
         """``summary.json`` as the run would end now with ``status`` (``completed``, ``stopped``, ``failed``)."""
         return self.watch.summary(status, **extra)
 
-    def adopt_model(self, model: list[np.ndarray]) -> Parameters:
-        """Make ``model`` (every array, in ``state_dict`` order) the global model; its parameters.
+    def adopt_model(self, model: list[np.ndarray]) -> None:
+        """Make ``model`` (every array, in ``state_dict`` order) the global model.
 
         Raises
         ------
@@ -396,11 +348,11 @@ class FederatedStrategy(Strategy):
             If its shapes or dtypes are not the run's model's.
 
         """
-        return self.model.adopt(model, type(self).__name__)
+        self.model.adopt(model, type(self).__name__)
 
     # ------------------------------------------------------------------ the members, handed the hooks' answers
 
-    def screen_fit(self, server_round: int, results: list) -> tuple[list[Reply], int, dict]:
+    def screen_fit(self, server_round: int, results: list[Received]) -> tuple[list[Reply], int, dict]:
         """The round's fit replies through :attr:`reply_screen`, against the shapes and dtypes the hooks give."""
         returned = {n: (self.payload_shapes(n), self.payload_dtypes(n)) for n in self.contract.returned_sets()}
         return self.reply_screen.screen_fit(server_round, results, returned=returned,
@@ -416,12 +368,11 @@ class FederatedStrategy(Strategy):
                                            elapsed_seconds=self.watch.elapsed(), own=self.state(),
                                            tuner=self.tuner)  # fmt: skip
 
-    def resume(self, checkpoint: Checkpoint) -> Parameters:
-        """Continue from ``checkpoint`` (after the preflight); the global model. A misfit raises ``CheckpointError``."""
+    def resume(self, checkpoint: Checkpoint) -> None:
+        """Continue from ``checkpoint`` (after the preflight). A misfit raises ``CheckpointError``."""
         resumed = self.checkpoints.resume(checkpoint, model=self.global_model, tuner=self.tuner, restore=self.restore)
         self.watch.resumed(resumed.history, resumed.elapsed_seconds)
         self.model.use(resumed.model)
-        return self.global_parameters
 
     def class_names(self) -> tuple[str, ...]:
         """The run's class names where it names them (a user's own data), else none (classes go by index)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.common import Scalar
 from flwr.common.logger import log
 
 from strategies.aggregation import flatten, unflatten
@@ -14,6 +13,7 @@ from strategies.checkpoint import CheckpointError
 from strategies.combinations import combine, disagreement
 from strategies.contracts.client_reports import NUM_PARTITIONS
 from strategies.contracts.diffusion import CONTRACT
+from strategies.contracts.payload import Scalar
 from strategies.screening import Reply
 from strategies.topology import Network, build_network
 

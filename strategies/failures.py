@@ -2,7 +2,7 @@
 
 A hundred nodes that fail the same way must make one line, not a hundred: the text of a
 failure often carries the node's id (random 64-bit numbers) and Flower wraps a client's
-exception in a sentence of its own (read back by :func:`strategies.grid_transport.client_error`).
+exception in a sentence of its own (read back by :func:`strategies.node_failures.client_error`).
 :func:`cause_of` reduces a failure's text to its cause; :func:`group_by_cause` counts them,
 naming the partitions that failed as ranges. :func:`problem_of` and :func:`scope_of` read
 a node's answer to the preflight as a failure.
@@ -13,10 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from flwr.common import Scalar
-
 from strategies.contracts.client_reports import PREFLIGHT_ERROR, PREFLIGHT_SCOPE
-from strategies.grid_transport import client_error
+from strategies.contracts.payload import Scalar
+from strategies.node_failures import client_error
 from strategies.node_text import PROBLEM_CHARS, escaped
 
 LISTED_CLIENTS = 6  # a failure group names this many clients (partitions as ranges), then "..."

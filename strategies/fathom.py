@@ -5,12 +5,12 @@ from __future__ import annotations
 from logging import WARNING
 
 import numpy as np
-from flwr.common import Scalar
 from flwr.common.logger import log
 
 from strategies.aggregation import weighted_average_inplace
 from strategies.base import FederatedStrategy
 from strategies.contracts.fathom import CONTRACT, FathomSettings
+from strategies.contracts.payload import Scalar
 from strategies.screening import Reply
 
 

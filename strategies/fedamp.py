@@ -5,13 +5,13 @@ from __future__ import annotations
 from logging import WARNING
 
 import numpy as np
-from flwr.common import Scalar
 from flwr.common.logger import log
 
 from strategies.aggregation import flatten, unflatten
 from strategies.base import FederatedStrategy
 from strategies.checkpoint import CheckpointError
 from strategies.contracts.fedamp import CONTRACT
+from strategies.contracts.payload import Scalar
 from strategies.fedamp_math import attention_row, worst_self_weight
 from strategies.screening import Reply
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-from flwr.common import Scalar
 
 from strategies.base import FederatedStrategy
 from strategies.contracts.fedproto import CONTRACT, COUNTS, PROTOTYPES, prototype_shape
+from strategies.contracts.payload import Scalar
 from strategies.screening import Reply
 
 

@@ -9,10 +9,10 @@ model's layout.
 from __future__ import annotations
 
 import numpy as np
-from flwr.common import Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 
 from strategies.contracts.contract import Contract
 from strategies.contracts.models import ModelLayout
+from strategies.contracts.payload import to_bytes
 from strategies.contracts.settings import MethodSettings
 
 
@@ -39,22 +39,23 @@ def shared_indices(size: int, layout: ModelLayout, contract: Contract, method: M
 
 
 class GlobalModel:
-    """The server's global model: ``arrays`` (every one, in ``state_dict`` order), the ``shared`` ones, ``parameters``.
+    """The server's global model: ``arrays`` (every one, in ``state_dict`` order), the ``shared`` ones, ``tensors``.
+
+    ``tensors`` are the arrays as they travel (:func:`strategies.contracts.payload.to_bytes`),
+    encoded once per model however many messages carry it.
 
     Parameters
     ----------
-    parameters
-        The model before round 1, as Flower's ``Parameters`` (decoded once, here).
+    arrays
+        The model before round 1, every array in ``state_dict`` order.
     shared
         The indices of the arrays that travel (:func:`shared_indices`).
 
     """
 
-    def __init__(self, *, parameters: Parameters, shared: list[int]) -> None:
+    def __init__(self, *, arrays: list[np.ndarray], shared: list[int]) -> None:
         self.shared = shared
-        self.parameters = parameters
-        self.arrays = parameters_to_ndarrays(parameters)
-        self.shared_arrays = self.shared_part(self.arrays)
+        self.use(list(arrays))
 
     @property
     def travels(self) -> bool:
@@ -69,10 +70,10 @@ class GlobalModel:
         """Make ``model`` (every array, personal ones included) the global model."""
         self.arrays = model
         self.shared_arrays = self.shared_part(model)
-        self.parameters = ndarrays_to_parameters(model)
+        self.tensors = [to_bytes(array) for array in model]
 
-    def adopt(self, model: list[np.ndarray], owner: str) -> Parameters:
-        """Make ``model`` (every array, in ``state_dict`` order) the global model; its parameters.
+    def adopt(self, model: list[np.ndarray], owner: str) -> None:
+        """Make ``model`` (every array, in ``state_dict`` order) the global model.
 
         Raises
         ------
@@ -84,7 +85,6 @@ class GlobalModel:
             raise ValueError(f"{owner}: a global model must have the run model's {len(self.arrays)} arrays, "
                              "shapes and dtypes")  # fmt: skip
         self.use(list(model))
-        return self.parameters
 
     def use_shared(self, shared: list[np.ndarray]) -> None:
         """Make ``shared`` the global model's shared arrays; its personal ones keep their values."""

@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from flwr.common import Scalar
-
 from strategies.contracts.client_reports import (
     DATA_DIR,
     DATA_FINGERPRINT,
@@ -23,6 +21,7 @@ from strategies.contracts.client_reports import (
     TEST_CLASSES,
     TRAIN_CLASSES,
 )
+from strategies.contracts.payload import Scalar
 from strategies.node_text import escaped
 
 if TYPE_CHECKING:  # nodes.py reports through this file, so it is imported for the type only

@@ -2,7 +2,7 @@
 
 The server sees node ids only (random 64-bit numbers); the partition a node serves
 lives in its ``node_config``, and each node is asked for it once, by the preflight
-(``preflight.py``) or when it first connects, over the grid (``grid_transport.py``).
+(``preflight.py``) or when it first connects, over the grid (``strategies/flower/transport.py``).
 The directory keeps the answers for the run.
 
 A deployed device with its own data (``--node-config "data-dir=..."``) may have no
@@ -23,9 +23,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from flwr.common import Scalar
-from flwr.server.client_proxy import ClientProxy
-
 from strategies.contracts.client_reports import (
     DATA_DIR,
     DATA_FINGERPRINT,
@@ -41,6 +38,7 @@ from strategies.contracts.client_reports import (
     TRAIN_CLASSES,
 )
 from strategies.contracts.code import CODE_FINGERPRINT, CODE_LOCATION, code_identity
+from strategies.contracts.payload import Scalar
 from strategies.failures import problem_of
 from strategies.node_data import data_report, ray_nodes
 from strategies.node_text import PROBLEM_CHARS, escaped, shown
@@ -98,28 +96,26 @@ class NodeDirectory:
 
     def __init__(self, *, code: dict[str, str] | None = None, reply_s: float = 0.0) -> None:
         self.code = code if code is not None else code_identity()  # the server's: every node must run the same
-        self.reply_s = reply_s  # the run's preflight-timeout (0: grid_transport.reply_seconds decides)
+        self.reply_s = reply_s  # the run's preflight-timeout (0: node_failures.reply_seconds decides)
         self.properties: dict[str, dict[str, Scalar]] = {}
         self.declarations: dict[str, Declared] = {}
         self.excluded: dict[str, str] = {}
         self.sampled: list[Checked] = []  # a sampled preflight's answers (the data report's sample)
 
-    def admit(
-        self, answers: list[tuple[ClientProxy, dict[str, Scalar]]]
-    ) -> list[tuple[ClientProxy, dict[str, Scalar] | Exception]]:
-        """Check the nodes' answers (:func:`screened`) and keep those that pass; returns the others, as refusals.
+    def admit(self, answers: list[tuple[str, dict[str, Scalar]]]) -> list[tuple[str, dict[str, Scalar] | Exception]]:
+        """Check the nodes' answers (node id, answer) (:func:`screened`), keep those that pass; the others, refused.
 
         A claim of a partition that a node admitted before serves is refused (scope ``later``).
         """
-        proxies = [proxy for proxy, _ in answers]
+        cids = [cid for cid, _ in answers]
         held = {self.partition_of(cid): cid for cid in self.properties}
-        screened_answers, kept = screened(proxies, [answer for _, answer in answers], held=held)
-        self.keep([(proxy, kept[proxy.cid]) for proxy in proxies if proxy.cid in kept])
-        return [(p, a) for p, a in zip(proxies, screened_answers, strict=True) if p.cid not in kept]
+        screened_answers, kept = screened(cids, [answer for _, answer in answers], held=held)
+        self.keep([(cid, kept[cid]) for cid in cids if cid in kept])
+        return [(c, a) for c, a in zip(cids, screened_answers, strict=True) if c not in kept]
 
-    def keep(self, admitted: list[tuple[ClientProxy, Checked]]) -> None:
-        """Keep checked answers; number the nodes without a partition after the highest in use, by node id."""
-        answers = {proxy.cid: answer for proxy, answer in admitted}
+    def keep(self, admitted: list[tuple[str, Checked]]) -> None:
+        """Keep checked (node id, answer) pairs; number the nodes without a partition after the highest, by node id."""
+        answers = dict(admitted)
         for cid, answer in answers.items():
             self.declarations[cid] = answer.declared
             if answer.partition >= 0:
@@ -134,7 +130,7 @@ class NodeDirectory:
         return int(self.properties[node][PARTITION_ID])
 
     def declared(self, node: str) -> Declared:
-        """What ``node`` (a proxy's ``cid``) declared of its data in the preflight, checked; ``None`` where it did not.
+        """What ``node`` (its node id) declared of its data in the preflight, checked; ``None`` where it did not.
 
         A node known only from a resumed run's checkpoint is checked on first call; a
         checkpoint entry that does not parse declares nothing.
@@ -250,9 +246,9 @@ def _classes(answer: dict[str, Scalar], key: str, total: int | None, total_key: 
 
 
 def screened(
-    proxies: list[ClientProxy], answers: list[dict[str, Scalar] | Exception], *, held: Mapping[int, str] | None = None
+    cids: list[str], answers: list[dict[str, Scalar] | Exception], *, held: Mapping[int, str] | None = None
 ) -> tuple[list[dict[str, Scalar] | Exception], dict[str, Checked]]:
-    """The answers with each refused one made a refusal, and the others checked (node id -> :class:`Checked`).
+    """The answers of nodes ``cids`` with each refused one made a refusal, the others checked (id -> :class:`Checked`).
 
     An answer that does not parse (:func:`checked`) is refused, as is every claim of a
     partition that more than one node makes: the server cannot tell which claimant holds
@@ -264,27 +260,27 @@ def screened(
     late claimant cannot displace it. Answers that already report a problem pass as they are.
     """
     answers, kept = list(answers), {}
-    for i, (proxy, answer) in enumerate(zip(proxies, answers, strict=True)):
+    for i, (cid, answer) in enumerate(zip(cids, answers, strict=True)):
         if problem_of(answer) is None and isinstance(answer, dict):
             try:
-                kept[proxy.cid] = checked(answer)
+                kept[cid] = checked(answer)
             except PropertyError as err:
                 answers[i] = _refusal(str(err), f"the node's answer: {shown(answer, PROBLEM_CHARS)}")
     claims: dict[int, list[str]] = {}
     for cid, answer in kept.items():
         if answer.partition >= 0:
             claims.setdefault(answer.partition, []).append(cid)
-    index = {proxy.cid: i for i, proxy in enumerate(proxies)}
-    for partition, cids in claims.items():
-        if len(cids) > 1:
-            why = (f"partition {partition} is claimed by {len(cids)} nodes; the server cannot tell which holds it, "
-                   "so none of them takes part (give each node its own partition-id)")  # fmt: skip
+    index = {cid: i for i, cid in enumerate(cids)}
+    for partition, claimants in claims.items():
+        if len(claimants) > 1:
+            why = (f"partition {partition} is claimed by {len(claimants)} nodes; the server cannot tell which holds "
+                   "it, so none of them takes part (give each node its own partition-id)")  # fmt: skip
         elif held and partition in held:
             why = f"partition {partition} is served by node {escaped(held[partition])}; this node is asked again later"
         else:
             continue
-        for cid in cids:
-            answers[index[cid]] = _refusal(why, "", scope="node" if len(cids) > 1 else LATER)
+        for cid in claimants:
+            answers[index[cid]] = _refusal(why, "", scope="node" if len(claimants) > 1 else LATER)
             del kept[cid]
     return answers, kept
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from logging import WARNING
 
-from flwr.common import Scalar
 from flwr.common.logger import log
 
 from strategies.base import FederatedStrategy
+from strategies.contracts.payload import Scalar
 from strategies.contracts.perfedavg import CONTRACT
 
 

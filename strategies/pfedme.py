@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-from flwr.common import Scalar
 
 from strategies.base import FederatedStrategy
+from strategies.contracts.payload import Scalar
 from strategies.contracts.pfedme import CONTRACT
 from strategies.screening import Reply
 

@@ -1,6 +1,6 @@
 """The preflight: every node asked once for its properties before round 1, and the run stopped if it cannot work.
 
-Each node is asked for its properties once (over the grid, ``grid_transport.py``), with
+Each node is asked for its properties once (over the :class:`Fleet`: the grid's nodes), with
 the first round's fit config, so it also checks that config against its data; the
 answers are kept in the run's :class:`strategies.nodes.NodeDirectory`. A node that
 connects later is asked when it is first needed (:func:`connected`). A node whose own
@@ -13,16 +13,15 @@ groups them).
 from __future__ import annotations
 
 from logging import INFO, WARNING
+from typing import Protocol
 
 import numpy as np
-from flwr.common import Scalar
 from flwr.common.logger import log
-from flwr.server.client_manager import ClientManager
-from flwr.server.client_proxy import ClientProxy
 
 from strategies.contracts.client_reports import DATA_DIR, NUM_PARTITIONS, PARTITION_ID
+from strategies.contracts.payload import Scalar
 from strategies.failures import problem_of, scope_of
-from strategies.grid_transport import ask_properties, reply_seconds
+from strategies.node_failures import reply_seconds
 from strategies.node_text import escaped
 from strategies.nodes import Declared, NodeDirectory, PropertyError, checked, screened
 from strategies.preflight_errors import (
@@ -37,16 +36,37 @@ from strategies.stale_code import is_stale_run, screen_code
 
 WAIT_S = 600  # how long to wait for nodes to connect
 
+Answer = dict[str, Scalar] | Exception  # a node's properties, or why it gave none
 
-def wait_for(client_manager: ClientManager, count: int) -> None:
+
+class Fleet(Protocol):
+    """The nodes a run can reach: their ids (Flower's node ids, as text), a wait for them, and a question to them.
+
+    The Flower adapter's is the grid's nodes (``strategies/flower/fleet.py``); a test's may answer by hand.
+    """
+
+    def node_ids(self) -> list[str]:
+        """The ids of the nodes connected now."""
+        ...
+
+    def wait_for(self, count: int, timeout: float) -> bool:
+        """Whether ``count`` nodes connected within ``timeout`` seconds."""
+        ...
+
+    def ask(self, cids: list[str], config: dict[str, Scalar], reply_s: float) -> list[Answer]:
+        """Each node's properties for ``config`` (its ClientApp's ``query``), or the exception that came instead."""
+        ...
+
+
+def wait_for(fleet: Fleet, count: int) -> None:
     """Wait (up to ``WAIT_S``) until ``count`` nodes are connected; go on with fewer, with a warning."""
-    if not client_manager.wait_for(count, timeout=WAIT_S):
+    if not fleet.wait_for(count, timeout=WAIT_S):
         log(WARNING, "only %d of the %d nodes asked for connected within %d s; going on with them",
-            client_manager.num_available(), count, WAIT_S)  # fmt: skip
+            len(fleet.node_ids()), count, WAIT_S)  # fmt: skip
 
 
 def preflight(
-    nodes: NodeDirectory, client_manager: ClientManager, config: dict[str, Scalar], *, sample: int = 0, seed: int = 0
+    nodes: NodeDirectory, fleet: Fleet, config: dict[str, Scalar], *, sample: int = 0, seed: int = 0
 ) -> PreflightError | None:
     """Ask every connected node for its properties with ``config``, kept in ``nodes``; stop the run if any cannot start.
 
@@ -70,29 +90,29 @@ def preflight(
         or no node is left.
 
     """
-    proxies = list(client_manager.all().values())
-    if 0 < sample < len(proxies) and _sampled_preflight(nodes, proxies, config, sample, seed):
+    cids = fleet.node_ids()
+    if 0 < sample < len(cids) and _sampled_preflight(nodes, fleet, cids, config, sample, seed):
         return None
-    answers = _ask(nodes, proxies, config)
-    answers, kept = screened(proxies, answers)
-    problems = [(p, a) for p, a in zip(proxies, answers, strict=True) if problem_of(a) is not None]
-    own_data = [(p, a) for p, a in problems if scope_of(a) == "node"]
-    if len(problems) > len(own_data) or (own_data and len(own_data) == len(proxies)):
-        groups = failure_groups(problems, len(proxies))
+    answers = _ask(nodes, fleet, cids, config)
+    answers, kept = screened(cids, answers)
+    problems = [(c, a) for c, a in zip(cids, answers, strict=True) if problem_of(a) is not None]
+    own_data = [(c, a) for c, a in problems if scope_of(a) == "node"]
+    if len(problems) > len(own_data) or (own_data and len(own_data) == len(cids)):
+        groups = failure_groups(problems, len(cids))
         lines = condensed(groups)
         if problems == own_data:
             lines.append("no node is left to train")
         raise PreflightError(lines, details(problems), groups)
-    nodes.excluded.update({p.cid: problem_of(a) or "" for p, a in own_data})
-    nodes.keep([(p, kept[p.cid]) for p in proxies if p.cid in kept])
-    log(INFO, "preflight: %d of %d connected clients accept the config", len(proxies) - len(own_data),
-        len(proxies))  # fmt: skip
+    nodes.excluded.update({c: problem_of(a) or "" for c, a in own_data})
+    nodes.keep([(c, kept[c]) for c in cids if c in kept])
+    log(INFO, "preflight: %d of %d connected clients accept the config", len(cids) - len(own_data),
+        len(cids))  # fmt: skip
     warn_of_batch(config, [checked.declared.num_train for checked in kept.values()])
-    return preflight_error(own_data, len(proxies)) if own_data else None
+    return preflight_error(own_data, len(cids)) if own_data else None
 
 
 def _sampled_preflight(
-    nodes: NodeDirectory, proxies: list[ClientProxy], config: dict[str, Scalar], sample: int, seed: int
+    nodes: NodeDirectory, fleet: Fleet, cids: list[str], config: dict[str, Scalar], sample: int, seed: int
 ) -> bool:
     """Ask ``sample`` nodes (seeded); if they are simulated slices of one dataset, number every node and say so.
 
@@ -110,11 +130,11 @@ def _sampled_preflight(
         When a sampled node cannot start (the run's config is at fault).
 
     """
-    ordered = sorted(proxies, key=lambda proxy: proxy.cid)
+    ordered = sorted(cids)
     chosen = np.random.default_rng([seed, 7]).choice(len(ordered), size=sample, replace=False)
     asked = [ordered[i] for i in sorted(chosen)]
-    answers = _ask(nodes, asked, config)
-    problems = [(p, a) for p, a in zip(asked, answers, strict=True) if problem_of(a) is not None]
+    answers = _ask(nodes, fleet, asked, config)
+    problems = [(c, a) for c, a in zip(asked, answers, strict=True) if problem_of(a) is not None]
     if problems:
         raise preflight_error(problems, len(asked))
     try:
@@ -128,26 +148,25 @@ def _sampled_preflight(
         return False
     nodes.sampled = sample_answers
     warn_of_batch(config, [c.declared.num_train for c in sample_answers], sampled=True)
-    for number, proxy in enumerate(ordered):
-        nodes.properties[proxy.cid] = {PARTITION_ID: number, NUM_PARTITIONS: len(ordered)}
-        nodes.declarations[proxy.cid] = Declared()  # its answer, if asked, was about another partition
+    for number, cid in enumerate(ordered):
+        nodes.properties[cid] = {PARTITION_ID: number, NUM_PARTITIONS: len(ordered)}
+        nodes.declarations[cid] = Declared()  # its answer, if asked, was about another partition
     log(INFO, "preflight: %d of %d connected clients asked (preflight-sample), all accept the config; the server "
         "numbers the nodes 0-%d and each serves the partition it is sent", sample, len(ordered),
         len(ordered) - 1)  # fmt: skip
     return True
 
 
-def _ask(
-    nodes: NodeDirectory, proxies: list[ClientProxy], config: dict[str, Scalar]
-) -> list[dict[str, Scalar] | Exception]:
-    """The answers of ``proxies`` to ``config`` (:func:`strategies.grid_transport.ask_properties`), code screened."""
-    asked = ask_properties(proxies, config, reply_seconds(nodes.reply_s, len(proxies)))
+def _ask(nodes: NodeDirectory, fleet: Fleet, cids: list[str], config: dict[str, Scalar]) -> list[Answer]:
+    """The answers of nodes ``cids`` to ``config`` (:meth:`Fleet.ask`), their code screened."""
+    if not cids:
+        return []
+    asked = fleet.ask(cids, config, reply_seconds(nodes.reply_s, len(cids)))
     return [screen_code(answer, nodes.code) for answer in asked]
 
 
-
-def connected(nodes: NodeDirectory, client_manager: ClientManager) -> dict[int, ClientProxy]:
-    """Partition -> a connected node serving it; a node not seen before is asked its partition first.
+def connected(nodes: NodeDirectory, fleet: Fleet) -> dict[int, str]:
+    """Partition -> the id of a connected node serving it; a node not seen before is asked its partition first.
 
     A node that cannot answer is left out (and asked again next time); one whose
     own data or answer is at fault, or that claims a partition another new node
@@ -156,38 +175,38 @@ def connected(nodes: NodeDirectory, client_manager: ClientManager) -> dict[int, 
     it is asked again next time (a device restarted under a new node id gets in
     once its old id has gone).
     """
-    proxies = _not_excluded(nodes, client_manager)
-    if not proxies:
+    cids = _not_excluded(nodes, fleet)
+    if not cids:
         log(WARNING, "no node is connected; waiting up to %d s for one", WAIT_S)
-        client_manager.wait_for(1, timeout=WAIT_S)
-        proxies = _not_excluded(nodes, client_manager)
-    new = [proxy for cid, proxy in proxies.items() if cid not in nodes.properties]
-    answers = _ask(nodes, new, {})
-    stale = [(p, a) for p, a in zip(new, answers, strict=True) if is_stale_run(a)]
+        fleet.wait_for(1, timeout=WAIT_S)
+        cids = _not_excluded(nodes, fleet)
+    new = [cid for cid in cids if cid not in nodes.properties]
+    answers = _ask(nodes, fleet, new, {})
+    stale = [(c, a) for c, a in zip(new, answers, strict=True) if is_stale_run(a)]
     if stale:  # without a preflight, round 1 is where a run that mixes two stamens is found: it stops here
         raise preflight_error(stale, len(new), MixedCodeError)
-    held = {nodes.partition_of(cid): cid for cid in proxies if cid in nodes.properties}
+    held = {nodes.partition_of(cid): cid for cid in cids if cid in nodes.properties}
     answers, kept = screened(new, answers, held=held)
     refused = []
-    for proxy, answer in zip(new, answers, strict=True):
+    for cid, answer in zip(new, answers, strict=True):
         problem = problem_of(answer)
         if problem is not None and scope_of(answer) == "node":
-            nodes.excluded[proxy.cid] = problem
-            refused.append((proxy, answer))
+            nodes.excluded[cid] = problem
+            refused.append((cid, answer))
         elif problem is not None:
-            log(WARNING, "node %s is not admitted this round: %s", escaped(proxy.cid), problem)
+            log(WARNING, "node %s is not admitted this round: %s", escaped(cid), problem)
     for line in condensed(failure_groups(refused, len(new))):
         log(WARNING, "left out of the run: %s", line)
-    nodes.keep([(proxy, kept[proxy.cid]) for proxy in new if proxy.cid in kept])
-    by_partition: dict[int, ClientProxy] = {}
-    for cid, proxy in sorted(proxies.items()):
+    nodes.keep([(cid, kept[cid]) for cid in new if cid in kept])
+    by_partition: dict[int, str] = {}
+    for cid in sorted(cids):
         if cid in nodes.properties:
-            by_partition.setdefault(nodes.partition_of(cid), proxy)
+            by_partition.setdefault(nodes.partition_of(cid), cid)
     return by_partition
 
 
-def _not_excluded(nodes: NodeDirectory, client_manager: ClientManager) -> dict[str, ClientProxy]:
-    return {cid: proxy for cid, proxy in client_manager.all().items() if cid not in nodes.excluded}
+def _not_excluded(nodes: NodeDirectory, fleet: Fleet) -> list[str]:
+    return [cid for cid in fleet.node_ids() if cid not in nodes.excluded]
 
 
 def warn_of_batch(config: dict[str, Scalar], sizes: list[int | None], *, sampled: bool = False) -> None:

@@ -7,12 +7,10 @@ node named by its partition, its data-dir or its node id; a cause the server nam
 
 from __future__ import annotations
 
-from flwr.common import Scalar
-from flwr.server.client_proxy import ClientProxy
-
 from strategies.contracts.client_reports import DATA_DIR, PARTITION_ID, PREFLIGHT_DETAIL
+from strategies.contracts.payload import Scalar
 from strategies.failures import group_by_cause, problem_of
-from strategies.grid_transport import NO_REPLY
+from strategies.node_failures import NO_REPLY
 from strategies.node_text import escaped
 from strategies.nodes import is_int
 
@@ -39,7 +37,7 @@ class MixedCodeError(PreflightError):
         return "stamen: before round 1: " + "; ".join(self.lines)
 
 
-def _who(proxy: ClientProxy, answer: dict[str, Scalar] | Exception) -> int | str:
+def _who(cid: str, answer: dict[str, Scalar] | Exception) -> int | str:
     """A node's partition when it names one, else its data-dir, else its (random) node id; strings escaped.
 
     A problem answer is not checked (:func:`checked`): a ``partition-id`` that is not a
@@ -50,16 +48,16 @@ def _who(proxy: ClientProxy, answer: dict[str, Scalar] | Exception) -> int | str
         return partition
     if isinstance(answer, dict) and answer.get(DATA_DIR):
         return f"data-dir {escaped(answer[DATA_DIR])}"
-    return f"node {escaped(proxy.cid)}"
+    return f"node {escaped(cid)}"
 
 
-def failure_groups(problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]], asked: int) -> list[dict]:
+def failure_groups(problems: list[tuple[str, dict[str, Scalar] | Exception]], asked: int) -> list[dict]:
     """The problems grouped by cause, most common first: ``cause``, ``count``, ``asked``, the first few ``clients``.
 
     The groups are those of every failure (:func:`strategies.failures.group_by_cause`, node
     ids taken out of the causes), with the server's advice on a cause it names itself.
     """
-    groups = group_by_cause((_who(proxy, answer), problem_of(answer) or "") for proxy, answer in problems)
+    groups = group_by_cause((_who(cid, answer), problem_of(answer) or "") for cid, answer in problems)
     return [{"cause": g["cause"] + _advice(g["cause"], g["count"], asked), "count": g["count"], "asked": asked,
              "clients": g["clients"]} for g in groups]  # fmt: skip
 
@@ -73,7 +71,7 @@ def _advice(cause: str, silent: int, asked: int) -> str:
 
 
 def preflight_error(
-    problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]], asked: int,
+    problems: list[tuple[str, dict[str, Scalar] | Exception]], asked: int,
     kind: type[PreflightError] | None = None,
 ) -> PreflightError:
     """The error (``kind``, default :class:`PreflightError`) for ``problems``: its lines, every report, its groups."""
@@ -86,12 +84,12 @@ def condensed(groups: list[dict]) -> list[str]:
     return [f"{g['count']} of {g['asked']} clients ({', '.join(g['clients'])}): {g['cause']}" for g in groups]
 
 
-def details(problems: list[tuple[ClientProxy, dict[str, Scalar] | Exception]]) -> str:
+def details(problems: list[tuple[str, dict[str, Scalar] | Exception]]) -> str:
     """Every failing node's full report (its traceback), for a log file."""
     parts = []
-    for proxy, answer in problems:
-        who = _who(proxy, answer)
-        label = f"partition {who} (node {proxy.cid})" if isinstance(who, int) else str(who)
+    for cid, answer in problems:
+        who = _who(cid, answer)
+        label = f"partition {who} (node {cid})" if isinstance(who, int) else str(who)
         body = str(answer) if isinstance(answer, Exception) else str(answer.get(PREFLIGHT_DETAIL, ""))
         parts.append(f"===== {label}: {problem_of(answer)}\n{body.rstrip()}\n")
     return "\n".join(parts)

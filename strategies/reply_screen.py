@@ -12,18 +12,16 @@ from collections.abc import Callable
 from logging import WARNING
 
 import numpy as np
-from flwr.common import EvaluateRes, FitRes, parameters_to_ndarrays
 from flwr.common.logger import log
-from flwr.server.client_proxy import ClientProxy
 
 from strategies.contracts.contract import Metric
-from strategies.contracts.payload import LAYOUT, MODEL, ArraySet, unpack
+from strategies.contracts.payload import LAYOUT, MODEL, ArraySet, from_bytes, unpack
 from strategies.failures import group_by_cause
 from strategies.nodes import Declared, NodeDirectory
-from strategies.screening import Reply, counts_problem, extras_problem, fit_reply_problem, is_non_finite
+from strategies.screening import Received, Reply, counts_problem, extras_problem, fit_reply_problem, is_non_finite
 from strategies.update_screen import UpdateNormScreen
 
-Failures = list[tuple[ClientProxy, FitRes] | tuple[ClientProxy, EvaluateRes] | BaseException]
+Failures = list[BaseException]  # a node's (strategies.node_failures.NodeFailureError names it) or any other
 
 
 class ReplyScreen:
@@ -52,7 +50,7 @@ class ReplyScreen:
         self.name, self.returns, self.nodes, self.fit_specs = name, returns, nodes, fit_specs
         self.sent_shapes, self.sent_dtypes, self.update_screen = sent_shapes, sent_dtypes, update_screen
 
-    def screen_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]], *,
+    def screen_fit(self, server_round: int, results: list[Received], *,
                    returned: dict[str, tuple[list[tuple[int, ...]], list[np.dtype]]],
                    sent_to: Callable[[int], list[np.ndarray]] | None) -> tuple[list[Reply], int, dict]:  # fmt: skip
         """The replies that may be combined (decoded, in partition order), how many were rejected, the record's entries.
@@ -69,12 +67,12 @@ class ReplyScreen:
         replies, rejected, non_finite = [], 0, 0
         shapes = {name: pair[0] for name, pair in returned.items()}
         dtypes = {name: pair[1] for name, pair in returned.items()}
-        for proxy, res in results:
+        for res in results:
             try:
-                sets = unpack(parameters_to_ndarrays(res.parameters), res.metrics.get(LAYOUT))
+                sets = unpack([from_bytes(tensor) for tensor in res.tensors], res.metrics.get(LAYOUT))
                 arrays = sets.pop(MODEL, [])
                 metrics = {k: v for k, v in res.metrics.items() if k != LAYOUT}
-                declared = self.nodes.declared(proxy.cid)
+                declared = self.nodes.declared(res.node)
                 problem = (fit_reply_problem(arrays, res.num_examples, metrics, self.sent_shapes, self.fit_specs,
                                              self.sent_dtypes, examples_limit=declared.num_train)
                            or extras_problem(sets, shapes, self.name, dtypes)
@@ -82,10 +80,10 @@ class ReplyScreen:
             except Exception as err:  # undecodable payloads are malformed replies too
                 problem = f"unreadable reply ({err})"
             if problem is None:
-                partition = self.nodes.partition_of(proxy.cid)
-                replies.append(Reply(proxy.cid, partition, arrays, res.num_examples, metrics, extras=sets))
+                partition = self.nodes.partition_of(res.node)
+                replies.append(Reply(res.node, partition, arrays, res.num_examples, metrics, extras=sets))
             else:
-                log(WARNING, "round %s: rejected fit reply from %s: %s", server_round, self.nodes.label(proxy.cid),
+                log(WARNING, "round %s: rejected fit reply from %s: %s", server_round, self.nodes.label(res.node),
                     problem)  # fmt: skip
                 rejected += 1
                 non_finite += is_non_finite(problem)
@@ -114,16 +112,11 @@ class ReplyScreen:
                 ", ".join(group["clients"]), group["cause"])  # fmt: skip
         return {f"{kind}-failures": [describe_failure(f)[:500] for f in failures], f"{kind}-failure-groups": groups}
 
-    def _failed_who(self, failure: object) -> str:
-        """The failed client's label where the failure names its node, else ``?`` (an exception names none)."""
-        if isinstance(failure, BaseException):  # the Message API's failures name their node (grid_transport.NodeError)
-            return self.nodes.label(failure.cid) if hasattr(failure, "cid") else "?"
-        return self.nodes.label(failure[0].cid)
+    def _failed_who(self, failure: BaseException) -> str:
+        """The failed client's label where the failure names its node (a ``NodeFailureError``), else ``?``."""
+        return self.nodes.label(failure.cid) if hasattr(failure, "cid") else "?"
 
 
-def describe_failure(failure: object) -> str:
-    """A failed reply or exception as one log-friendly line."""
-    if isinstance(failure, BaseException):
-        return f"{type(failure).__name__}: {failure}"
-    proxy, res = failure  # a reply that arrived with an error status
-    return f"node {proxy.cid}: {getattr(res, 'status', res)}"
+def describe_failure(failure: BaseException) -> str:
+    """A failure as one log-friendly line."""
+    return f"{type(failure).__name__}: {failure}"

@@ -14,10 +14,10 @@ from logging import ERROR, INFO
 from typing import Protocol
 
 import numpy as np
-from flwr.common import Scalar
 from flwr.common.logger import log
 
 from strategies.checkpoint import Checkpoint
+from strategies.contracts.payload import Scalar
 from strategies.contracts.settings import Settings
 from strategies.divergence import Diverged, DivergenceWatch
 from strategies.global_model import GlobalModel

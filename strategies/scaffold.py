@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-from flwr.common import Scalar
 
 from strategies.base import FederatedStrategy
 from strategies.contracts.common import AVERAGES
+from strategies.contracts.payload import Scalar
 from strategies.contracts.scaffold import CONTRACT, CONTROL, DELTA_CONTROL
 from strategies.screening import Reply
 

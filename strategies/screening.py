@@ -34,6 +34,30 @@ class Reply:
     extras: Mapping[str, list[np.ndarray]] = field(default_factory=dict)  # the array sets beside the model, by name
 
 
+@dataclass(frozen=True, eq=False)
+class Received:
+    """A fit reply as it came, before any check: its node, its arrays (packed, as bytes), example count and metrics.
+
+    The arrays are the model's then each returned set's, as the layout under ``payload`` in
+    ``metrics`` says (:mod:`strategies.contracts.payload`); none of it is believed yet.
+    """
+
+    node: str
+    tensors: list[bytes]
+    num_examples: object
+    metrics: Mapping[str, object]
+
+
+@dataclass(frozen=True, eq=False)
+class Evaluation:
+    """An evaluate reply as it came, before any check: its node, loss, example count and metrics."""
+
+    node: str
+    loss: object
+    num_examples: object
+    metrics: Mapping[str, object]
+
+
 NON_FINITE = "non-finite"  # every problem that is about values that are not finite says so
 
 

@@ -7,10 +7,9 @@ other code mean that the run itself mixes two stamens, and it stops.
 
 from __future__ import annotations
 
-from flwr.common import Scalar
-
 from strategies.contracts.client_reports import PREFLIGHT_DETAIL, PREFLIGHT_ERROR, PREFLIGHT_SCOPE, RAY_NODE
 from strategies.contracts.code import CODE_FINGERPRINT, CODE_LOCATION, code_mismatch
+from strategies.contracts.payload import Scalar
 
 STALE = "stale code"  # the preflight detail of a node refused for running other stamen code
 RUN_HINT = (

@@ -17,7 +17,6 @@ from dataclasses import replace
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.common import Scalar
 from flwr.common.logger import log
 
 from strategies.aggregation import flatten
@@ -25,6 +24,7 @@ from strategies.contracts.client_reports import START_LOSS, TRAIN_LOSS
 from strategies.contracts.contract import Metric
 from strategies.contracts.fathom import CONTRACT as FATHOM
 from strategies.contracts.fathom import PHI, FathomSettings
+from strategies.contracts.payload import Scalar
 from strategies.fathom_math import (
     FathomState,
     RoundAggregate,

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.common import Code, GetPropertiesRes, Status
-from flwr.server.client_proxy import ClientProxy
 
 from app.config import parse_settings
 from app.local.simulation import LocalSimulation
@@ -25,7 +23,6 @@ FLOWER_PROCESSES = ("flower-superlink", "flower-supernode", "flower-superexec", 
                     "flwr-simulation", "raylet", "gcs_server", "ray::")  # fmt: skip
 LEFT_RUNNING_GRACE_S = 30.0  # a process being stopped at the end of the last test may take a moment
 SHARED_DATA = Path(os.environ.get("STAMEN_SHARED_DATA", REPO.parent / "shared" / "data"))
-OK = Status(code=Code.OK, message="")
 
 
 def shared_dataset(name: str) -> Path:
@@ -49,27 +46,60 @@ def regression_data(n: int = 16, seed: int = 0) -> tuple[ClientData, np.ndarray,
     return ClientData(x, y, x[:4], y[:4], num_classes=0), x.astype(np.float64), y.astype(np.float64)
 
 
-class FakeProxy(ClientProxy):
-    """A connected node as the strategy sees it, serving partition ``partition`` (by default its id as a number)."""
+class FakeNode:
+    """A connected node as the server sees it, serving partition ``partition`` (by default its id as a number).
+
+    It answers the preflight (``get_properties``) as a stamen client does; a subclass answers
+    ``fit`` and ``evaluate`` as a stamen ``NumPyClient`` does (arrays and config in; arrays,
+    example count and metrics out), or raises to fail its message.
+    """
 
     def __init__(self, cid: str, partition: int | None = None) -> None:
-        super().__init__(cid)
+        self.cid = cid
         self.partition = int(cid) if partition is None else partition
 
-    def get_properties(self, ins, timeout, group_id):
-        return GetPropertiesRes(OK, {"partition-id": self.partition, "num-partitions": 0, **code_identity()})
+    def get_properties(self, config):
+        return {"partition-id": self.partition, "num-partitions": 0, **code_identity()}
 
-    def get_parameters(self, ins, timeout, group_id):
+    def fit(self, parameters, config):
         raise NotImplementedError
 
-    def fit(self, ins, timeout, group_id):
+    def evaluate(self, parameters, config):
         raise NotImplementedError
 
-    def evaluate(self, ins, timeout, group_id):
-        raise NotImplementedError
 
-    def reconnect(self, ins, timeout, group_id):
-        raise NotImplementedError
+class FakeFleet:
+    """Nodes a test connects by hand, as the server's preflight and rounds see them (``strategies.preflight.Fleet``).
+
+    A node's answer is its ``get_properties``; an exception it raises is its answer, as a
+    failed ``query`` message is.
+    """
+
+    def __init__(self, *nodes: FakeNode) -> None:
+        self.nodes = {node.cid: node for node in nodes}
+        self.asked: list[list[str]] = []  # the node ids of every question, in order
+
+    def register(self, node: FakeNode) -> None:
+        self.nodes[node.cid] = node
+
+    def unregister(self, cid: str) -> None:
+        del self.nodes[cid]
+
+    def node_ids(self) -> list[str]:
+        return list(self.nodes)
+
+    def wait_for(self, count: int, timeout: float) -> bool:
+        return len(self.nodes) >= count
+
+    def ask(self, cids, config, reply_s):
+        self.asked.append(list(cids))
+        answers = []
+        for cid in cids:
+            try:
+                answers.append(dict(self.nodes[cid].get_properties(dict(config))))
+            except Exception as err:
+                answers.append(err)
+        return answers
 
 
 @pytest.fixture(scope="session")

@@ -14,9 +14,7 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-from conftest import OK, REPO, FakeProxy, settings
-from flwr.common import EvaluateRes, FitRes, GetPropertiesRes, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server.client_manager import SimpleClientManager
+from conftest import REPO, FakeFleet, FakeNode, settings
 from torch.nn import functional as F
 
 from clients.base import TorchClient
@@ -27,10 +25,13 @@ from strategies.base import FederatedStrategy
 from strategies.contracts.contract import Contract, MethodSettings
 from strategies.contracts.diffusion import DiffusionSettings
 from strategies.contracts.keys import key
+from strategies.contracts.payload import from_bytes, to_bytes
 from strategies.contracts.personal import LastLayers
 from strategies.diffusion import Diffusion
 from strategies.fedavg import FedAvg
 from strategies.recorder import NullRecorder
+from strategies.rounds.phases import Instruction
+from strategies.screening import Evaluation, Received
 
 # ------------------------------------------------------------------ a two-class MLP on blobs (FedRep, FedPer)
 
@@ -76,6 +77,83 @@ def change_a_function(root: Path) -> None:
     path.write_text(path.read_text() + "\n\ndef a_changed_function() -> int:\n    return 1\n")
 
 
+# ------------------------------------------------------------------ a method's rounds driven by hand
+
+# The round engine (strategies/flower/rounds.py) reads Flower's messages into these values and calls the
+# method's round phases with them; a test that makes its own replies calls the phases the same way.
+
+
+def start_run(strategy: FederatedStrategy, fleet: FakeFleet) -> list[np.ndarray]:
+    """The run started on ``fleet`` (the preflight, the method's start); the global model."""
+    strategy.phases.start_run(fleet)
+    return strategy.global_model
+
+
+def configure_fit(strategy: FederatedStrategy, server_round: int, fleet: FakeFleet) -> list[Instruction]:
+    return strategy.phases.fit_instructions(server_round, fleet)
+
+
+def configure_evaluate(strategy: FederatedStrategy, server_round: int, fleet: FakeFleet) -> list[Instruction]:
+    return strategy.phases.evaluate_instructions(server_round, fleet)
+
+
+def aggregate_fit(strategy: FederatedStrategy, server_round: int, results: list[Received],
+                  failures: Iterable[BaseException] = ()) -> tuple[list[np.ndarray] | None, dict]:  # fmt: skip
+    """The round's replies combined, then the server's own test; the new global model (``None``: unchanged), metrics."""
+    changed, metrics = strategy.phases.take_fit(server_round, results, list(failures))
+    strategy.phases.central_test(server_round)
+    return (strategy.global_model if changed else None), metrics
+
+
+def aggregate_evaluate(strategy: FederatedStrategy, server_round: int, results: list[Evaluation],
+                       failures: Iterable[BaseException] = ()) -> tuple[float | None, dict]:  # fmt: skip
+    """The round's evaluation summarised into its record; the weighted loss (``None``: none accepted), metrics."""
+    metrics = strategy.phases.take_evaluation(server_round, results, list(failures))
+    return (metrics["loss"] if metrics.get("eval-clients") else None), metrics
+
+
+def sent_arrays(instruction: Instruction) -> list[np.ndarray]:
+    """The arrays an instruction carries (packed: the model, then each array set), decoded."""
+    return [from_bytes(tensor) for tensor in instruction.tensors]
+
+
+def received(node: FakeNode | str, arrays_sent, num_examples, metrics) -> Received:
+    """A fit reply from ``node`` as the round engine reads it off a message."""
+    return Received(getattr(node, "cid", node), [to_bytes(np.asarray(a)) for a in arrays_sent], num_examples,
+                    dict(metrics))  # fmt: skip
+
+
+def evaluation(node: FakeNode | str, loss, num_examples, metrics) -> Evaluation:
+    """An evaluate reply from ``node`` as the round engine reads it off a message."""
+    return Evaluation(getattr(node, "cid", node), loss, num_examples, dict(metrics))
+
+
+def answers(fleet: FakeFleet, instructions: list[Instruction], *,
+            evaluate: bool = False) -> tuple[list, list[BaseException]]:  # fmt: skip
+    """Each instructed node's ``fit`` (or ``evaluate``) reply, and the exceptions of those that raised: failures."""
+    results, failures = [], []
+    for ins in instructions:
+        node = fleet.nodes[ins.node]
+        try:
+            if evaluate:
+                results.append(evaluation(node, *node.evaluate(sent_arrays(ins), dict(ins.config))))
+            else:
+                results.append(received(node, *node.fit(sent_arrays(ins), dict(ins.config))))
+        except Exception as err:
+            failures.append(err)
+    return results, failures
+
+
+def play_round(strategy: FederatedStrategy, server_round: int, fleet: FakeFleet) -> dict:
+    """One whole round with the fleet's nodes answering: fit, the server's test, evaluation, the close; its record."""
+    aggregate_fit(strategy, server_round, *answers(fleet, configure_fit(strategy, server_round, fleet)))
+    evaluations = configure_evaluate(strategy, server_round, fleet)
+    if evaluations:
+        aggregate_evaluate(strategy, server_round, *answers(fleet, evaluations, evaluate=True))
+    strategy.end_round(server_round)
+    return strategy.history[-1]
+
+
 # ------------------------------------------------------------------ FedAvg on stand-in replies
 
 SHAPES = [(2, 3), (3,)]
@@ -85,21 +163,22 @@ def arrays(value):
     return [np.full(s, value, dtype=np.float32) for s in SHAPES]
 
 
-def fit_res(params, n, **metrics):
-    return FitRes(OK, ndarrays_to_parameters(params), n, {"train-loss": 0.5, "grad-evals": 4, **metrics})
+def fit_res(node, params, n, **metrics):
+    """``node``'s fit reply of ``params`` on ``n`` examples, with the metrics every stamen client reports."""
+    return received(node, params, n, {"train-loss": 0.5, "grad-evals": 4, **metrics})
 
 
 def stand_in_fedavg(num_rounds=3, eval_every=2, clients=4, **config):
+    """FedAvg on a two-array model and ``clients`` fake nodes, started: (strategy, fleet, nodes, recorder)."""
     recorder = NullRecorder()
     config = {"preflight": False, "aggregation": "examples", **config}
     run = settings(strategy="fedavg", num_server_rounds=num_rounds, eval_every=eval_every, lr=0.1, fraction_fit=1.0,
                    min_fit_clients=1, min_available_clients=1, **config)  # fmt: skip
-    strategy = FedAvg(settings=run, initial_parameters=ndarrays_to_parameters(arrays(0.0)), recorder=recorder)
-    manager = SimpleClientManager()
-    proxies = [FakeProxy(str(i)) for i in range(clients)]
-    for proxy in proxies:
-        manager.register(proxy)
-    return strategy, manager, proxies, recorder
+    strategy = FedAvg(settings=run, initial_model=arrays(0.0), recorder=recorder)
+    nodes = [FakeNode(str(i)) for i in range(clients)]
+    fleet = FakeFleet(*nodes)
+    start_run(strategy, fleet)
+    return strategy, fleet, nodes, recorder
 
 
 # ------------------------------------------------------------------ Diffusion on least squares, K real clients
@@ -108,27 +187,26 @@ K = 4
 DIFFUSION_KEYS = {spec.field for spec in DiffusionSettings.key_specs()}
 
 
-class LocalProxy(FakeProxy):
+class LocalNode(FakeNode):
     """A node whose messages are answered in this process by a real client."""
 
     def __init__(self, cid: str, client, *, broken: str = "") -> None:
         super().__init__(cid, partition=client.partition_id)
         self.client, self.broken = client, broken
 
-    def get_properties(self, ins, timeout, group_id):
-        return GetPropertiesRes(OK, self.client.get_properties(ins.config))
+    def get_properties(self, config):
+        return self.client.get_properties(config)
 
-    def fit(self, ins, timeout, group_id):
+    def fit(self, parameters, config):
         if self.broken == "raise":
             raise RuntimeError("client crashed")
-        arrays, num, metrics = self.client.fit(parameters_to_ndarrays(ins.parameters), ins.config)
+        arrays, num, metrics = self.client.fit(parameters, config)
         if self.broken == "nan":
             arrays = [np.full_like(a, np.nan) for a in arrays]
-        return FitRes(OK, ndarrays_to_parameters(arrays), num, metrics)
+        return arrays, num, metrics
 
-    def evaluate(self, ins, timeout, group_id):
-        loss, num, metrics = self.client.evaluate(parameters_to_ndarrays(ins.parameters), ins.config)
-        return EvaluateRes(OK, loss, num, metrics)
+    def evaluate(self, parameters, config):
+        return self.client.evaluate(parameters, config)
 
 
 def settings_for(rounds=3, **overrides):
@@ -141,12 +219,12 @@ def settings_for(rounds=3, **overrides):
 
 
 def federation(settings, *, broken: dict[int, str] | None = None, own_data: bool = False):
-    """K real clients behind in-process proxies, registered with a client manager (node i = agent K-1-i).
+    """K real clients behind in-process nodes, in a fleet (node i = agent K-1-i); the fleet and the agents' data.
 
     ``own_data``: the clients are devices with their own data (``data-dir``), no partition number.
     """
-    manager = SimpleClientManager()
-    data, proxies = [], []
+    fleet = FakeFleet()
+    data = []
     for node in range(K):
         agent = K - 1 - node  # node ids and agents deliberately differ
         part = load_client_data(settings.data_spec(K), settings.partition_spec(K), agent)
@@ -155,19 +233,17 @@ def federation(settings, *, broken: dict[int, str] | None = None, own_data: bool
             "partition_id": agent, "num_partitions": K}  # fmt: skip
         client = DiffusionClient(model=model, data=part, settings=settings, **place)
         # devices without a number are numbered by node id (never by a string they send): node id = agent there
-        proxy = LocalProxy(f"node-{agent if own_data else node}", client, broken=(broken or {}).get(agent, ""))
-        manager.register(proxy)
+        fleet.register(LocalNode(f"node-{agent if own_data else node}", client, broken=(broken or {}).get(agent, "")))
         data.append((agent, part))
-        proxies.append(proxy)
     data.sort(key=lambda item: item[0])
-    return manager, [d for _, d in data]
+    return fleet, [d for _, d in data]
 
 
 def diffusion_strategy(settings):
     model = build_model("linear", input_shape=(10,), num_classes=0, seed=settings.run.seed)
     initial = [v.detach().numpy() for v in model.state_dict().values()]
     recorder = NullRecorder()
-    strategy = Diffusion(settings=settings, initial_parameters=ndarrays_to_parameters(initial), recorder=recorder)
+    strategy = Diffusion(settings=settings, initial_model=initial, recorder=recorder)
     return strategy, initial[0].ravel().astype(np.float64), recorder
 
 

@@ -1,9 +1,18 @@
 import numpy as np
 import pytest
-from conftest import OK, FakeProxy, settings
-from flwr.common import EvaluateRes, FitRes, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server.client_manager import SimpleClientManager
-from helpers import SHAPES, arrays, fit_res
+from conftest import FakeFleet, FakeNode, settings
+from helpers import (
+    SHAPES,
+    aggregate_evaluate,
+    aggregate_fit,
+    arrays,
+    configure_evaluate,
+    configure_fit,
+    evaluation,
+    fit_res,
+    sent_arrays,
+    start_run,
+)
 from helpers import stand_in_fedavg as make_strategy
 
 from strategies.contracts.client_reports import FIT_METRICS
@@ -18,32 +27,32 @@ SPECS = {m.name: m for m in FIT_METRICS}
 
 
 def test_bad_replies_are_rejected_and_the_rest_averaged_exactly():
-    strategy, manager, proxies, recorder = make_strategy()
-    instructions = strategy.configure_fit(1, strategy.global_parameters, manager)
-    assert len(instructions) == 4 and instructions[0][1].config["lr"] == 0.1
-    assert instructions[0][1].config["server-round"] == 1
+    strategy, fleet, nodes, recorder = make_strategy()
+    instructions = configure_fit(strategy, 1, fleet)
+    assert len(instructions) == 4 and instructions[0].config["lr"] == 0.1
+    assert instructions[0].config["server-round"] == 1
     with_nan = arrays(1.0)
     with_nan[1][0] = np.nan
     wrong_shape = [np.ones((3, 2), np.float32), np.ones(3, np.float32)]
     results = [
-        (proxies[0], fit_res(arrays(1.0), 10)),
-        (proxies[1], fit_res(arrays(3.0), 30)),
-        (proxies[2], fit_res(with_nan, 1000)),
-        (proxies[3], fit_res(wrong_shape, 1000)),
+        fit_res(nodes[0], arrays(1.0), 10),
+        fit_res(nodes[1], arrays(3.0), 30),
+        fit_res(nodes[2], with_nan, 1000),
+        fit_res(nodes[3], wrong_shape, 1000),
     ]
-    parameters, metrics = strategy.aggregate_fit(1, results, [])
-    for got in parameters_to_ndarrays(parameters):
+    model, metrics = aggregate_fit(strategy, 1, results)
+    for got in model:
         np.testing.assert_allclose(got, 2.5, rtol=0, atol=1e-6)  # (10*1 + 30*3) / 40
     assert metrics["examples"] == 40 and metrics["grad-evals"] == 8
     assert strategy.record["clients-failed"] == 2 and strategy.record["clients-rejected"] == 2
 
 
 def test_round_of_only_bad_replies_leaves_the_model_alone():
-    strategy, manager, proxies, _ = make_strategy()
-    strategy.configure_fit(1, strategy.global_parameters, manager)
-    bad = [(proxies[0], fit_res(arrays(np.inf), 5)), (proxies[1], fit_res(arrays(1.0), 0))]
-    parameters, _ = strategy.aggregate_fit(1, bad, [RuntimeError("client crashed")])
-    assert parameters is None  # Flower keeps the previous global model when None is returned
+    strategy, fleet, nodes, _ = make_strategy()
+    configure_fit(strategy, 1, fleet)
+    bad = [fit_res(nodes[0], arrays(np.inf), 5), fit_res(nodes[1], arrays(1.0), 0)]
+    model, _ = aggregate_fit(strategy, 1, bad, [RuntimeError("client crashed")])
+    assert model is None  # the global model stays as it was
     assert strategy.record["clients-failed"] == 3
     assert strategy.record["fit-failures"] == ["RuntimeError: client crashed"]
 
@@ -76,14 +85,14 @@ def test_evaluate_reply_checks():
 
 
 def test_personalised_metrics_are_weighted_with_spread_and_bad_ones_dropped():
-    strategy, manager, proxies, _ = make_strategy()
-    strategy.configure_fit(2, strategy.global_parameters, manager)
+    strategy, fleet, nodes, _ = make_strategy()
+    configure_fit(strategy, 2, fleet)
     replies = [
-        (proxies[0], EvaluateRes(OK, 0.2, 10, {"accuracy": 0.9, "global-accuracy": 0.5})),
-        (proxies[1], EvaluateRes(OK, 0.4, 30, {"accuracy": 0.5, "global-accuracy": 0.3})),
-        (proxies[2], EvaluateRes(OK, 0.1, 30, {"accuracy": 7.0, "global-accuracy": 0.3})),
+        evaluation(nodes[0], 0.2, 10, {"accuracy": 0.9, "global-accuracy": 0.5}),
+        evaluation(nodes[1], 0.4, 30, {"accuracy": 0.5, "global-accuracy": 0.3}),
+        evaluation(nodes[2], 0.1, 30, {"accuracy": 7.0, "global-accuracy": 0.3}),
     ]
-    loss, metrics = strategy.aggregate_evaluate(2, replies, [])
+    loss, metrics = aggregate_evaluate(strategy, 2, replies)
     assert loss == pytest.approx((0.2 * 10 + 0.4 * 30) / 40)
     assert metrics["accuracy"] == pytest.approx((0.9 * 10 + 0.5 * 30) / 40)
     assert metrics["accuracy-client-mean"] == pytest.approx(0.7)
@@ -93,17 +102,16 @@ def test_personalised_metrics_are_weighted_with_spread_and_bad_ones_dropped():
 
 
 def test_every_round_is_recorded_evaluation_follows_eval_every_and_the_run_is_summarised():
-    strategy, manager, proxies, recorder = make_strategy(num_rounds=3, eval_every=2)
-    params = strategy.global_parameters
+    strategy, fleet, nodes, recorder = make_strategy(num_rounds=3, eval_every=2)
     for rnd in (1, 2, 3):
-        strategy.configure_fit(rnd, params, manager)
-        strategy.aggregate_fit(rnd, [(p, fit_res(arrays(1.0), 10)) for p in proxies], [])
-        instructions = strategy.configure_evaluate(rnd, params, manager)
+        configure_fit(strategy, rnd, fleet)
+        aggregate_fit(strategy, rnd, [fit_res(n, arrays(1.0), 10) for n in nodes])
+        instructions = configure_evaluate(strategy, rnd, fleet)
         assert bool(instructions) == (rnd in (2, 3)), rnd
         if instructions:
-            assert instructions[0][1].config["server-round"] == rnd
-            replies = [(p, EvaluateRes(OK, 0.1, 5, {"accuracy": 0.8, "global-accuracy": 0.6})) for p in proxies]
-            strategy.aggregate_evaluate(rnd, replies, [])
+            assert instructions[0].config["server-round"] == rnd
+            replies = [evaluation(n, 0.1, 5, {"accuracy": 0.8, "global-accuracy": 0.6}) for n in nodes]
+            aggregate_evaluate(strategy, rnd, replies)
         strategy.end_round(rnd)
     assert [r["round"] for r in recorder.rounds] == [1, 2, 3]
     assert "accuracy" not in recorder.rounds[0] and recorder.rounds[2]["accuracy"] == pytest.approx(0.8)
@@ -124,53 +132,50 @@ def test_summaries():
     }
 
 
-class StartingProxy(FakeProxy):
+class StartingNode(FakeNode):
     def __init__(self, cid, error=None):
         super().__init__(cid)
         self.error = error
 
-    def get_properties(self, ins, timeout, group_id):
+    def get_properties(self, config):
         if self.error:
             raise ValueError(self.error)
-        return super().get_properties(ins, timeout, group_id)
+        return super().get_properties(config)
 
 
 def test_preflight_asks_every_client_and_stops_the_run_with_their_reasons():
-    strategy, _, _, _ = make_strategy(preflight=True)
-    manager = SimpleClientManager()
-    manager.register(StartingProxy("8"))
-    manager.register(StartingProxy("9", error="perfedavg-outer-batch-size 40 must be in [1, 12]"))
+    run = settings(strategy="fedavg", preflight=True, min_fit_clients=1, min_available_clients=1)
+    strategy = FedAvg(settings=run, initial_model=arrays(0.0))
+    fleet = FakeFleet(StartingNode("8"), StartingNode("9", error="perfedavg-outer-batch-size 40 must be in [1, 12]"))
     with pytest.raises(RuntimeError, match=r"1 of 2 clients \(node 9\): perfedavg-outer-batch-size 40"):
-        strategy.initialize_parameters(manager)
+        start_run(strategy, fleet)
     assert "perfedavg-outer-batch-size 40" in strategy.recorder.texts["preflight-errors.log"]
-    healthy = SimpleClientManager()
-    healthy.register(StartingProxy("1"))
-    initial = strategy.global_parameters
-    assert strategy.initialize_parameters(healthy) is initial
+    initial = strategy.global_model
+    assert start_run(strategy, FakeFleet(StartingNode("1"))) is initial
     assert strategy.nodes.properties == {"1": {"partition-id": 1, "num-partitions": 0, **code_identity()}}
 
 
 def test_uniform_aggregation_ignores_example_counts():
-    strategy, manager, proxies, _ = make_strategy(aggregation="uniform")
-    strategy.configure_fit(1, strategy.global_parameters, manager)
-    results = [(proxies[0], fit_res(arrays(1.0), 10)), (proxies[1], fit_res(arrays(3.0), 30))]
-    parameters, metrics = strategy.aggregate_fit(1, results, [])
-    for got in parameters_to_ndarrays(parameters):
+    strategy, fleet, nodes, _ = make_strategy(aggregation="uniform")
+    configure_fit(strategy, 1, fleet)
+    results = [fit_res(nodes[0], arrays(1.0), 10), fit_res(nodes[1], arrays(3.0), 30)]
+    model, metrics = aggregate_fit(strategy, 1, results)
+    for got in model:
         np.testing.assert_allclose(got, 2.0, atol=1e-6)  # (1 + 3) / 2, not (10 + 90) / 40
     assert metrics["examples"] == 40
 
 
 def test_replies_are_combined_in_partition_order_whatever_their_arrival():
-    strategy, manager, proxies, _ = make_strategy()
-    strategy.configure_fit(1, strategy.global_parameters, manager)
+    strategy, fleet, nodes, _ = make_strategy()
+    configure_fit(strategy, 1, fleet)
     rng = np.random.default_rng(0)
-    replies = [(p, fit_res([rng.normal(size=s).astype(np.float32) for s in SHAPES], int(rng.integers(1, 50))))
-               for p in proxies]  # fmt: skip
-    first, _ = strategy.aggregate_fit(1, [(p, r) for p, r in replies], [])
+    replies = [fit_res(n, [rng.normal(size=s).astype(np.float32) for s in SHAPES], int(rng.integers(1, 50)))
+               for n in nodes]  # fmt: skip
+    first, _ = aggregate_fit(strategy, 1, replies)
     shuffled = [replies[i] for i in (2, 0, 3, 1)]
-    strategy.configure_fit(1, strategy.global_parameters, manager)
-    again, _ = strategy.aggregate_fit(1, shuffled, [])
-    for a, b in zip(parameters_to_ndarrays(first), parameters_to_ndarrays(again), strict=True):
+    configure_fit(strategy, 1, fleet)
+    again, _ = aggregate_fit(strategy, 1, shuffled)
+    for a, b in zip(first, again, strict=True):
         np.testing.assert_array_equal(a, b)  # bit for bit: the sum runs in the same order
 
 
@@ -178,7 +183,7 @@ def test_perfedavg_broadcasts_its_hyperparameters_and_adapts_with_alpha():
     run = settings(strategy="perfedavg", perfedavg_alpha=0.03, perfedavg_beta=0.07, perfedavg_delta=1e-4,
                    perfedavg_variant="so", local_steps=4, batch_size=5, perfedavg_outer_batch_size=6,
                    perfedavg_hessian_batch_size=7, num_server_rounds=2)  # fmt: skip
-    strategy = PerFedAvg(settings=run, initial_parameters=ndarrays_to_parameters(arrays(0.0)))
+    strategy = PerFedAvg(settings=run, initial_model=arrays(0.0))
     assert strategy.name == "perfedavg" and run.run.aggregation == "uniform"
     assert strategy.fit_config(3) == {
         "local-steps": 4, "local-epochs": 0.0, "batch-size": 5, "perfedavg-alpha": 0.03, "perfedavg-beta": 0.07,
@@ -187,38 +192,38 @@ def test_perfedavg_broadcasts_its_hyperparameters_and_adapts_with_alpha():
         "server-round": 3}  # fmt: skip
     assert strategy.evaluate_config() == {"adapt-steps": 1, "adapt-lr": 0.03, "adapt-batch-size": 10}
     explicit = PerFedAvg(settings=settings(strategy="perfedavg", adapt_lr=0.5),
-                         initial_parameters=ndarrays_to_parameters(arrays(0.0)))  # fmt: skip
+                         initial_model=arrays(0.0))  # fmt: skip
     assert explicit.evaluate_config()["adapt-lr"] == 0.5
 
 
 def test_a_strategy_refuses_another_methods_settings():
     with pytest.raises(TypeError, match="PerFedAvg needs PerFedAvgSettings, got FedAvgSettings"):
-        PerFedAvg(settings=settings(strategy="fedavg"), initial_parameters=ndarrays_to_parameters(arrays(0.0)))
+        PerFedAvg(settings=settings(strategy="fedavg"), initial_model=arrays(0.0))
 
 
 def test_central_evaluation_is_recorded_every_round_on_the_aggregated_model():
-    strategy, manager, proxies, recorder = make_strategy(num_rounds=2, eval_every=2)
+    strategy, fleet, nodes, recorder = make_strategy(num_rounds=2, eval_every=2)
     seen = []
 
     def central(arrays):
         seen.append([a.copy() for a in arrays])
         return {"accuracy": 0.25, "loss": float(arrays[0].sum())}
 
-    strategy.rounds.central_evaluation = central
-    assert strategy.evaluate(0, strategy.global_parameters) is None  # Flower's call before round 1
-    strategy.configure_fit(1, strategy.global_parameters, manager)
-    replies = [(proxies[0], fit_res(arrays(2.0), 5)), (proxies[1], fit_res(arrays(4.0), 5))]
-    params, _ = strategy.aggregate_fit(1, replies, [])
-    loss, metrics = strategy.evaluate(1, params)
+    strategy.phases.central_evaluation = central
+    configure_fit(strategy, 1, fleet)
+    replies = [fit_res(nodes[0], arrays(2.0), 5), fit_res(nodes[1], arrays(4.0), 5)]
+    strategy.phases.take_fit(1, replies, [])
+    metrics = strategy.phases.central_test(1)
     np.testing.assert_allclose(seen[0][0], 3.0)  # the aggregate (5 examples each)
-    assert loss == metrics["loss"] == pytest.approx(3.0 * 6)
-    assert strategy.configure_evaluate(1, params, manager) == []  # not an evaluation round
+    assert metrics["loss"] == pytest.approx(3.0 * 6)
+    assert configure_evaluate(strategy, 1, fleet) == []  # not an evaluation round
     strategy.end_round(1)
     assert recorder.rounds[0]["central-accuracy"] == 0.25
     assert "central acc 0.2500" in progress_line(recorder.rounds[0], 2)
 
 
 def test_decode_once_aggregation_is_bit_for_bit_flowers_inplace_fedavg():
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters  # Flower's own average, the reference
     from flwr.server.strategy.aggregate import aggregate_inplace
 
     from strategies.aggregation import weighted_average_inplace
@@ -227,8 +232,8 @@ def test_decode_once_aggregation_is_bit_for_bit_flowers_inplace_fedavg():
     shapes = [(80, 784), (80,), (10, 80), (10,)]
     models = [[rng.normal(size=s).astype(np.float32) for s in shapes] for _ in range(7)]
     counts = [int(c) for c in rng.integers(1, 500, size=7)]
-    replies = [(FakeProxy(str(i)), FitRes(OK, ndarrays_to_parameters(m), c, {}))
-               for i, (m, c) in enumerate(zip(models, counts, strict=True))]  # fmt: skip
+    replies = [(None, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(m), c, {}))
+               for m, c in zip(models, counts, strict=True)]  # fmt: skip
     expected = aggregate_inplace(replies)
     mine = weighted_average_inplace([[a.copy() for a in m] for m in models], counts)
     for ours, flowers in zip(mine, expected, strict=True):
@@ -236,26 +241,23 @@ def test_decode_once_aggregation_is_bit_for_bit_flowers_inplace_fedavg():
         np.testing.assert_array_equal(ours, flowers)
 
 
-class RayProxy(FakeProxy):
+class RayNode(FakeNode):
     """A node that answers the preflight from the given Ray node ("" outside Ray)."""
 
     def __init__(self, cid: str, ray_node: str) -> None:
         super().__init__(cid)
         self.ray_node = ray_node
 
-    def get_properties(self, ins, timeout, group_id):
-        res = super().get_properties(ins, timeout, group_id)
-        res.properties.update({"num-partitions": 5, "ray-node": self.ray_node})
-        return res
+    def get_properties(self, config):
+        return {**super().get_properties(config), "num-partitions": 5, "ray-node": self.ray_node}
 
 
 def test_the_preflight_counts_the_ray_nodes_the_clients_ran_on_and_the_summary_keeps_them():
-    manager = SimpleClientManager()
-    for cid, node in enumerate(["ray-a", "ray-b", "ray-a", "ray-a", "ray-b"]):
-        manager.register(RayProxy(str(cid), node))
+    fleet = FakeFleet(*(RayNode(str(cid), node) for cid, node in enumerate(["ray-a", "ray-b", "ray-a", "ray-a",
+                                                                             "ray-b"])))  # fmt: skip
     strategy = FedAvg(settings=settings(strategy="fedavg", min_available_clients=5),
-                      initial_parameters=ndarrays_to_parameters([np.zeros(3, dtype=np.float32)]))  # fmt: skip
-    strategy.initialize_parameters(manager)
+                      initial_model=[np.zeros(3, dtype=np.float32)])  # fmt: skip
+    start_run(strategy, fleet)
     assert strategy.nodes.ray_nodes() == {"ray-a": 3, "ray-b": 2}
     summary = strategy.summary("completed")
     assert summary["ray-nodes"] == {"ray-a": 3, "ray-b": 2}
@@ -265,26 +267,21 @@ def test_the_preflight_counts_the_ray_nodes_the_clients_ran_on_and_the_summary_k
 def test_outside_ray_no_ray_node_is_reported():
     from clients.base import ray_node
 
-    manager = SimpleClientManager()
-    for cid in range(3):
-        manager.register(RayProxy(str(cid), ""))
     strategy = FedAvg(settings=settings(strategy="fedavg", min_available_clients=3),
-                      initial_parameters=ndarrays_to_parameters([np.zeros(3, dtype=np.float32)]))  # fmt: skip
-    strategy.initialize_parameters(manager)
+                      initial_model=[np.zeros(3, dtype=np.float32)])  # fmt: skip
+    start_run(strategy, FakeFleet(*(RayNode(str(cid), "") for cid in range(3))))
     assert strategy.nodes.ray_nodes() == {} and "ray-nodes" not in strategy.summary("completed")
     assert ray_node() == ""  # this test process has started no Ray
 
 
 class OneGrid:
-    """A grid that answers every get_properties message at once, and counts the pushes."""
+    """A grid that answers every query message at once, and counts the pushes."""
 
     def __init__(self, failing: set[int]) -> None:
         self.failing, self.calls = failing, []
 
     def send_and_receive(self, messages, *, timeout=None):
-        from flwr.app import Error, Message
-        from flwr.common import Code, GetPropertiesRes, Status
-        from flwr.compat.common import recorddict_compat as compat
+        from flwr.app import ConfigRecord, Error, Message, RecordDict
 
         messages = list(messages)
         self.calls.append(len(messages))
@@ -295,27 +292,24 @@ class OneGrid:
             if node in self.failing:
                 reply = Message(Error(code=0, reason=f"client {node} crashed"), reply_to=message)
             else:
-                res = GetPropertiesRes(Status(Code.OK, ""), {"partition-id": node - 100, "num-partitions": 0,
-                                                              **code_identity()})
-                reply = Message(compat.getpropertiesres_to_recorddict(res), reply_to=message)
+                answer = {"partition-id": node - 100, "num-partitions": 0, **code_identity()}
+                reply = Message(RecordDict({"properties": ConfigRecord(answer)}), reply_to=message)
             reply.metadata.__dict__["_src_node_id"] = node
             replies.append(reply)
         return replies
 
 
 def test_the_preflight_asks_every_node_behind_a_grid_in_one_push_and_reads_failures_as_flower_does(monkeypatch):
-    from flwr.server.compat.grid_client_proxy import GridClientProxy
     from flwr.supercore.task_identity import TaskIdentity
 
-    from strategies.grid_transport import ask_properties as _ask
+    from strategies.flower.fleet import GridFleet
 
     monkeypatch.setattr(TaskIdentity, "_run_id", 1)  # what a ServerApp process has
     monkeypatch.setattr(TaskIdentity, "_node_id", 0)
     monkeypatch.setattr(TaskIdentity, "_task_id", 1)
 
     grid = OneGrid(failing={103})
-    proxies = [GridClientProxy(node_id=100 + i, grid=grid, run_id=1) for i in range(6)]
-    answers = _ask(proxies, {"server-round": 0})
+    answers = GridFleet(grid=grid).ask([str(100 + i) for i in range(6)], {"server-round": 0}, reply_s=5)
     assert grid.calls == [6]  # one push of six messages, not six waits
     assert [a["partition-id"] for i, a in enumerate(answers) if i != 3] == [0, 1, 2, 4, 5]
     assert isinstance(answers[3], ValueError) and "client 103 crashed" in str(answers[3])
@@ -347,10 +341,10 @@ def test_every_declared_metric_is_summarised_as_declared_and_floats_are_never_tr
 
 
 def test_the_global_model_is_summarised_only_where_the_replies_test_one():
-    strategy, manager, proxies, _ = make_strategy()
-    strategy.configure_fit(2, strategy.global_parameters, manager)
-    replies = [(p, EvaluateRes(OK, 0.2, 10, {"accuracy": 0.9})) for p in proxies[:2]]  # clients with personal layers
-    _, metrics = strategy.aggregate_evaluate(2, replies, [])
+    strategy, fleet, nodes, _ = make_strategy()
+    configure_fit(strategy, 2, fleet)
+    replies = [evaluation(n, 0.2, 10, {"accuracy": 0.9}) for n in nodes[:2]]  # clients with personal layers
+    _, metrics = aggregate_evaluate(strategy, 2, replies)
     assert metrics["accuracy"] == pytest.approx(0.9) and "global-accuracy" not in metrics
     strategy.record.update({"round-seconds": 0.1})
     assert "global acc" not in progress_line(strategy.record, 3)
@@ -367,23 +361,23 @@ def test_begin_round_sees_the_chosen_partitions_before_any_message_is_built():
         def parameters_for(self, partition, purpose):
             return self.payloads[partition]  # KeyError unless begin_round ran first
 
-    strategy, manager, proxies, _ = make_strategy(clients=3, eval_every=1)
+    strategy, fleet, nodes, _ = make_strategy(clients=3, eval_every=1)
     strategy.__class__ = PerClient
-    instructions = strategy.configure_fit(1, strategy.global_parameters, manager)
+    instructions = configure_fit(strategy, 1, fleet)
     assert calls == [(1, [0, 1, 2], "fit")]
-    for proxy, ins in instructions:
-        np.testing.assert_array_equal(parameters_to_ndarrays(ins.parameters)[0], float(proxy.partition))
+    for ins in instructions:
+        np.testing.assert_array_equal(sent_arrays(ins)[0], float(fleet.nodes[ins.node].partition))
     # the update norms are measured from what each partition was sent
-    strategy.aggregate_fit(1, [(p, fit_res(arrays(float(p.partition) + 1.0), 10)) for p in proxies], [])
+    aggregate_fit(strategy, 1, [fit_res(n, arrays(float(n.partition) + 1.0), 10) for n in nodes])
     assert strategy.record["update-norm-max"] == pytest.approx(np.sqrt(9))
-    strategy.configure_evaluate(1, strategy.global_parameters, manager)
+    configure_evaluate(strategy, 1, fleet)
     assert calls[-1] == (1, [0, 1, 2], "evaluate")
 
 
 def test_a_round_closed_without_a_fit_is_recorded_with_no_time_of_an_earlier_one():
-    strategy, manager, _, _ = make_strategy(num_rounds=3)
-    strategy.configure_fit(1, strategy.global_parameters, manager)
-    strategy.rounds.open[1].started -= 100.0  # as if round 1's fit was configured long ago
+    strategy, fleet, _, _ = make_strategy(num_rounds=3)
+    configure_fit(strategy, 1, fleet)
+    strategy.phases.open[1].started -= 100.0  # as if round 1's fit was configured long ago
     strategy.end_round(1)
     strategy.end_round(2)
     first, second = strategy.history

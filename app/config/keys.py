@@ -63,6 +63,23 @@ def looks_like_stamen_key(
     return bool(difflib.get_close_matches(name, list(known), n=1, cutoff=NEAR_MISS_RATIO))
 
 
+# keys stamen no longer reads, with what replaced them: refused by name, even where an app's own keys pass
+REMOVED_KEYS = {
+    "api": "stamen runs on Flower's Message API only since the legacy Strategy path was removed (a round engine, "
+           "strategies/flower/rounds.py); drop the key",
+    "server-threads": "the legacy API's thread pool is gone: the round engine waits for every message of a phase in "
+                      "one pull loop (pull-interval); drop the key",
+}
+
+
+def removed_keys_problem(run_config: Mapping[str, object]) -> str | None:
+    """The line refusing a key of ``run_config`` that stamen no longer reads, saying what replaced it; else ``None``."""
+    removed = [k for k in REMOVED_KEYS if k in run_config]
+    if not removed:
+        return None
+    return "; ".join(f"run config key {k!r} was removed: {REMOVED_KEYS[k]}" for k in removed)
+
+
 def unknown_keys_problem(
     run_config: Mapping[str, object], contracts: Mapping[str, Contract], *, allow_app_keys: bool
 ) -> str | None:
@@ -71,6 +88,8 @@ def unknown_keys_problem(
     With ``allow_app_keys`` (an outside app) only those that look like a misspelt stamen
     key (:func:`looks_like_stamen_key`) count; the others are the app's own.
     """
+    if problem := removed_keys_problem(run_config):
+        return problem
     known = key_specs(contracts)
     unknown = sorted(set(run_config) - set(known))
     if allow_app_keys:  # an outside app's own keys pass; what looks like a misspelt stamen key does not

@@ -1,55 +1,37 @@
-"""Drive a stamen strategy and its clients in one process, through Flower's Strategy API.
+"""Drive a stamen run and its clients in one process: the round engine on a grid whose nodes answer here.
 
-Flower's server does, each round, ``configure_fit`` -> each chosen proxy's ``fit`` ->
-``aggregate_fit``; this does the same with proxies that answer in this process from
-real stamen clients, each built by the ClientApp's own :func:`app.client_app.build_client`
-from a Flower ``Context`` as a simulated SuperNode gets one (its partition in the node
-config, its ``state`` kept for the whole run).
-Messages keep Flower's encoding (``ndarrays_to_parameters``), so a reply is
-byte-for-byte what a SuperNode would send. What it leaves out is the transport, the
-processes and Flower's scheduling: long runs (thousands of rounds) cost only the
-work, and ``bench/diffusion_theory.py`` (its Flower check) shows they give the same
-iterates as ``flwr run`` for the same seed.
+:class:`InProcessRun` plays a run a round (or a phase) at a time: the method's round
+engine (:class:`strategies.flower.rounds.Rounds`) sends its messages to an
+:class:`app.local.message_grid.InProcessGrid`, whose nodes answer with stamen's own
+handlers (``app.message_client``) from real stamen clients, each built by the ClientApp's
+:func:`app.client_app.build_client` from a Flower ``Context`` as a simulated SuperNode gets
+one (its partition in the node config, its ``state`` kept for the whole run). Every message
+and reply goes through Flower's wire encoding, so a reply is byte for byte what a SuperNode
+would send. What it leaves out is the processes and Flower's scheduling: long runs
+(thousands of rounds) cost only the work, and ``bench/diffusion_theory.py`` (its Flower
+check) shows they give the same iterates as ``flwr run`` for the same seed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from flwr.common import (
-    Code,
-    Context,
-    EvaluateRes,
-    FitRes,
-    GetPropertiesRes,
-    Parameters,
-    RecordDict,
-    Status,
-    ndarrays_to_parameters,
-    parameters_to_ndarrays,
-)
-from flwr.server.client_manager import SimpleClientManager
-from flwr.server.client_proxy import ClientProxy
+import numpy as np
+from flwr.app import ConfigRecord, Context
 
 from app.client_app import AppData, build_client
 from app.config import parse_settings
+from app.local.message_grid import InProcessGrid, node_context
+from app.message_client import serving
+from app.message_methods import MethodStrategy, message_strategy
 from app.own_parts import OwnParts
-from app.server_app import server_fn, server_function
 from app.server_run import build_strategy
 from clients.base import TorchClient
 from strategies.base import FederatedStrategy
+from strategies.contracts.common import RunSettings
 from strategies.contracts.settings import Settings
+from strategies.flower.rounds import Rounds
 from strategies.recorder import Recorder
-from strategies.server import RoundServer
-
-OK = Status(code=Code.OK, message="")
-
-
-def node_context(run_config: Mapping[str, object], *, partition: int, num_clients: int) -> Context:
-    """The ``Context`` Flower's simulation gives the SuperNode of ``partition``: its node config and a fresh state."""
-    node_config = {"partition-id": partition, "num-partitions": num_clients}
-    return Context(run_id=0, node_id=partition, node_config=node_config, state=RecordDict(),
-                   run_config=dict(run_config))  # fmt: skip
 
 
 def build_clients(settings: Settings, num_clients: int) -> list[TorchClient]:
@@ -59,33 +41,12 @@ def build_clients(settings: Settings, num_clients: int) -> list[TorchClient]:
             for partition in range(num_clients)]  # fmt: skip
 
 
-class InProcessProxy(ClientProxy):
-    """A node answered by a stamen client in this process."""
-
-    def __init__(self, cid: str, client) -> None:
-        super().__init__(cid)
-        self.client = client
-
-    def get_properties(self, ins, timeout, group_id):
-        return GetPropertiesRes(OK, self.client.get_properties(ins.config))
-
-    def get_parameters(self, ins, timeout, group_id):
-        raise NotImplementedError("stamen's server never asks a client for its parameters")
-
-    def fit(self, ins, timeout, group_id):
-        arrays, num, metrics = self.client.fit(parameters_to_ndarrays(ins.parameters), ins.config)
-        return FitRes(OK, ndarrays_to_parameters(arrays), num, metrics)
-
-    def evaluate(self, ins, timeout, group_id):
-        loss, num, metrics = self.client.evaluate(parameters_to_ndarrays(ins.parameters), ins.config)
-        return EvaluateRes(OK, loss, num, metrics)
-
-    def reconnect(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-
 class InProcessRun:
-    """One run's strategy and ``num_clients`` clients, advanced a round at a time.
+    """One run's method and ``num_clients`` clients, advanced a round at a time.
+
+    ``clients[p]`` answers partition ``p``'s messages: a test may wrap its ``fit`` or
+    ``evaluate`` to answer as a hostile node would. ``strategy`` is the method
+    (:class:`strategies.base.FederatedStrategy`), ``rounds`` its round engine.
 
     Parameters
     ----------
@@ -94,53 +55,62 @@ class InProcessRun:
     num_clients
         The simulated SuperNodes (partitions 0 to ``num_clients - 1``).
     recorder
-        Where the strategy writes its records (default: nowhere).
+        Where the method writes its records (default: nowhere).
+    node_ids
+        Each partition's Flower node id (default: ``InProcessGrid``'s); the server numbers nodes by them.
 
     """
 
-    def __init__(self, *, run_config: dict, num_clients: int, recorder: Recorder | None = None) -> None:
+    def __init__(self, *, run_config: dict, num_clients: int, recorder: Recorder | None = None,
+                 node_ids: list[int] | None = None) -> None:  # fmt: skip
         self.settings = parse_settings(run_config)
         self.strategy: FederatedStrategy = build_strategy(self.settings, recorder=recorder)
-        self.manager = SimpleClientManager()
+        self.grid = InProcessGrid(run_config=run_config, num_clients=num_clients, node_ids=node_ids,
+                                  client_app=serving(self._client_of))  # fmt: skip
         # one Context per node for the whole run, as a SuperNode keeps one: a client's state lives in its .state
-        self.contexts = [node_context(run_config, partition=partition, num_clients=num_clients)
-                         for partition in range(num_clients)]  # fmt: skip
-        self.clients = [build_client(context) for context in self.contexts]
-        for partition, client in enumerate(self.clients):
-            self.manager.register(InProcessProxy(f"node-{partition}", client))
-        self.parameters: Parameters = self.strategy.initialize_parameters(self.manager)
+        self.clients = [build_client(context) for context in self.grid.contexts.values()]
+        self.rounds = Rounds(method=self.strategy, overlap_rounds=False)
+        self.rounds.started(self.grid)  # the preflight, as a run's first message does
         self.round = 0
         self.bytes_sent = self.bytes_received = 0  # the last fit round's arrays, over every instruction and reply
+
+    def _client_of(self, context: Context) -> TorchClient:
+        return self.clients[int(context.node_config["partition-id"])]
+
+    @property
+    def global_model(self) -> list[np.ndarray]:
+        """The global model's arrays, every one, in ``state_dict`` order."""
+        return self.strategy.global_model
 
     def step(self) -> dict:
         """One round of fit (no evaluation); the aggregated metrics."""
         self.round += 1
-        instructions = self.strategy.configure_fit(self.round, self.parameters, self.manager)
-        results = [(proxy, proxy.fit(ins, None, None)) for proxy, ins in instructions]
-        self.bytes_sent = sum(len(t) for _, ins in instructions for t in ins.parameters.tensors)
-        self.bytes_received = sum(len(t) for _, res in results for t in res.parameters.tensors)
-        parameters, metrics = self.strategy.aggregate_fit(self.round, results, [])
-        if parameters is not None:
-            self.parameters = parameters
-        return metrics
+        messages = list(self.rounds.configure_train(self.round, self.rounds.global_arrays, ConfigRecord(), self.grid))
+        replies = list(self.grid.send_and_receive(messages))
+        self.rounds.aggregate_train(self.round, replies)
+        record = self.strategy.phases.round_of(self.round).record
+        self.bytes_sent, self.bytes_received = record.get("fit-bytes-sent", 0), record.get("fit-bytes-received", 0)
+        return record
 
     def evaluate(self) -> dict:
         """The evaluation of the round just run, if it is an evaluation round; the aggregated metrics ({} if not)."""
-        instructions = self.strategy.configure_evaluate(self.round, self.parameters, self.manager)
-        results = [(proxy, proxy.evaluate(ins, None, None)) for proxy, ins in instructions]
-        return self.strategy.aggregate_evaluate(self.round, results, [])[1] if results else {}
+        messages = list(self.rounds.configure_evaluate(self.round, self.rounds.global_arrays, ConfigRecord(),
+                                                       self.grid))  # fmt: skip
+        if not messages:
+            return {}
+        results, failures = self.rounds.read(list(self.grid.send_and_receive(messages)), messages, fit=False)
+        return self.strategy.phases.take_evaluation(self.round, results, failures)
 
     def play_round(self) -> dict:
-        """One whole round as Flower's server plays it; the round's record, as ``metrics.jsonl`` holds it.
+        """One whole round as the round engine plays it; the round's record, as ``metrics.jsonl`` holds it.
 
         Fit, the server's test of the global model (``central-eval``), the clients'
-        evaluation when the round is an evaluation round, then the strategy closes the
+        evaluation when the round is an evaluation round, then the method closes the
         round (``end_round``: the record, the tuner's and the divergence watch's
-        bookkeeping). A run the strategy stops raises
+        bookkeeping). A run the method stops raises
         :class:`strategies.run_watch.RunDivergedError`.
         """
         self.step()
-        self.strategy.evaluate(self.round, self.parameters)
         self.evaluate()
         self.strategy.end_round(self.round)
         return self.strategy.history[-1]
@@ -152,21 +122,19 @@ class InProcessRun:
             after_round(self.round, self.strategy)
 
 
-def served_run(run_config: dict, *, num_clients: int, parts: OwnParts | None = None,
-               app_data: AppData | None = None) -> tuple[RoundServer, int]:  # fmt: skip
-    """The server a ServerApp builds for ``run_config``, and its rounds; its nodes answer in this process.
+def served_run(run_config: Mapping[str, object], *, num_clients: int, parts: OwnParts | None = None,
+               app_data: AppData | None = None) -> tuple[MethodStrategy, InProcessGrid]:  # fmt: skip
+    """The strategy a ServerApp builds for ``run_config``, and a grid of ``num_clients`` nodes answering here.
 
-    By default stamen's own app (``app.server_app.server_fn``); ``parts`` and ``app_data``
-    are an app's own, as its entry points hold them (:func:`app.server_app.build_server_app`,
-    :func:`app.client_app.build_client_app`). The server is the one ``flwr run`` gets: its
+    By default stamen's own app; ``parts`` and ``app_data`` are an app's own, as its entry
+    points hold them (:func:`app.server_app.build_server_app`,
+    :func:`app.client_app.build_client_app`). The strategy is the one ``flwr run`` gets: its
     results folder, summary, checkpoints and stop rules are those of a Flower run; call
-    ``server.fit(rounds, None)`` to play the run as Flower's ServerApp does.
+    ``strategy.start(grid=grid)`` to play the run as Flower's ServerApp does.
     """
-    build_server = server_fn if parts is None else server_function(parts)
-    components = build_server(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
-                                      run_config=dict(run_config)))  # fmt: skip
-    manager = components.server.client_manager()
-    for partition in range(num_clients):
-        context = node_context(run_config, partition=partition, num_clients=num_clients)
-        manager.register(InProcessProxy(f"node-{partition}", build_client(context, parts, app_data)))
-    return components.server, components.config.num_rounds
+    parts = parts or OwnParts(allow_app_keys=False)
+    strategy = message_strategy(RunSettings.from_config(run_config).strategy)(
+        run_config=run_config, model=parts.model, model_name=parts.model_name, model_card=parts.model_card,
+        data_name=parts.data_name, allow_app_keys=parts.allow_app_keys)  # fmt: skip
+    client_app = serving(lambda context: build_client(context, parts, app_data))
+    return strategy, InProcessGrid(run_config=run_config, num_clients=num_clients, client_app=client_app)

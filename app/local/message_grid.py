@@ -3,9 +3,8 @@
 :class:`InProcessGrid` hands every message to a real Flower ``ClientApp`` (stamen's
 own by default) with the node's ``Context``, as a simulated SuperNode
 does, and every message and reply goes through Flower's wire encoding (protobuf) both
-ways, so a record Flower could not send fails here too. With
-:func:`app.local.inprocess.served_run` (the legacy path, the same way) it lets a test
-compare both paths round by round for every method in seconds.
+ways, so a record Flower could not send fails here too. A run of every method takes
+seconds on it (``app/local/inprocess.py``, ``bench/method_records.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from uuid import uuid4
 
-from flwr.app import Message, RecordDict
+from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import Error
 from flwr.common.constant import SUPERLINK_NODE_ID
@@ -22,10 +21,15 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from app.local.inprocess import node_context
-
 RUN_ID = 1
 NODE_BASE = 1000  # node ids NODE_BASE + partition, clear of the SuperLink's own (1)
+
+
+def node_context(run_config: Mapping[str, object], *, partition: int, num_clients: int) -> Context:
+    """The ``Context`` Flower's simulation gives the SuperNode of ``partition``: its node config and a fresh state."""
+    node_config = {"partition-id": partition, "num-partitions": num_clients}
+    return Context(run_id=0, node_id=partition, node_config=node_config, state=RecordDict(),
+                   run_config=dict(run_config))  # fmt: skip
 
 
 def wired(message: Message) -> Message:
@@ -34,7 +38,7 @@ def wired(message: Message) -> Message:
 
 
 class InProcessGrid(Grid):
-    """Nodes ``NODE_BASE + partition`` (partitions ``0 .. num_clients - 1``) answered by ``client_app`` in this process.
+    """Nodes (partitions ``0 .. num_clients - 1``) answered by ``client_app`` in this process.
 
     Parameters
     ----------
@@ -43,20 +47,24 @@ class InProcessGrid(Grid):
     num_clients
         The simulated SuperNodes.
     client_app
-        The ClientApp that answers; default: stamen's own (``app.client_app.app``, which answers both APIs).
+        The ClientApp that answers; default: stamen's own (``app.client_app.app``).
+    node_ids
+        Each partition's node id; default ``NODE_BASE + partition``.
 
     """
 
     delivers_in_order = True  # each message is answered when pushed (strategies/paced_grid.py)
 
-    def __init__(
-        self, *, run_config: Mapping[str, object], num_clients: int, client_app: ClientApp | None = None
-    ) -> None:
+    def __init__(self, *, run_config: Mapping[str, object], num_clients: int, client_app: ClientApp | None = None,
+                 node_ids: list[int] | None = None) -> None:  # fmt: skip
         if client_app is None:
             from app.client_app import app as client_app  # importing it builds stamen's ClientApp: only when used
         self.client_app = client_app
-        self.contexts = {NODE_BASE + partition: node_context(run_config, partition=partition, num_clients=num_clients)
-                         for partition in range(num_clients)}  # fmt: skip
+        ids = node_ids if node_ids is not None else [NODE_BASE + partition for partition in range(num_clients)]
+        if len(set(ids)) != num_clients:
+            raise ValueError(f"node_ids: {num_clients} distinct ids needed, got {ids!r}")
+        self.contexts = {node: node_context(run_config, partition=partition, num_clients=num_clients)
+                         for partition, node in enumerate(ids)}  # fmt: skip
         self._run = Run.create_empty(RUN_ID)
         # a ServerApp's process has these set: Flower's Message() reads them
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, SUPERLINK_NODE_ID, RUN_ID

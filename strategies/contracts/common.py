@@ -206,10 +206,6 @@ class TrainingSettings(KeyedSettings):
                                "size; by default such a client trains on min(b, n) examples per batch")  # fmt: skip
 
 
-FLOWER_APIS = ("message", "legacy")
-DEFAULT_API = "message"  # the api of a run config that does not name one (an app whose pyproject lacks the key)
-
-
 PULL_INTERVAL = 0.1  # seconds: bench/edge_rounds.py (docs/deployment.md#what-a-round-costs)
 
 
@@ -219,14 +215,10 @@ class ExecutionSettings(KeyedSettings):
 
     device: str = key("auto", "auto (CUDA when available), cpu or cuda", choices=DEVICES)
     num_threads: int = key(1, "torch threads per client process (0: torch's default)", at_least=0)
-    server_threads: int = key(64, "messages the server keeps in flight at once (the legacy API)", at_least=1)
-    api: str = key(DEFAULT_API, "Flower's API for the run's messages: message (the Message API: one Message per node, "
-                   "every phase sent and awaited at once) or legacy (Strategy + NumPyClient, a thread per message); "
-                   "the same records either way (docs/own-app.md#flowers-message-api)", choices=FLOWER_APIS)
     pull_interval: float = key(PULL_INTERVAL, "seconds between the server's pulls of its replies, one pull loop for "
                                "every waiting message (Flower's deployed grid waits 3 s); each pull is one request "
                                "to the SuperLink (docs/deployment.md#what-a-round-costs)", at_least=0.01, at_most=10.0)
-    overlap_rounds: bool = key(True, "on a deployment (api = message): send each round's evaluation and the next "
+    overlap_rounds: bool = key(True, "on a deployment: send each round's evaluation and the next "
                                "round's fit together, so a SuperNode finds the fit waiting instead of sleeping 3 s; "
                                "the same records and model (docs/deployment.md#what-a-round-costs)")  # fmt: skip
     results_dir: str = key("results", "results go to <results-dir>/<run-name>/ (a relative path: under ~/stamen/)")

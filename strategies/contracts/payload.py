@@ -1,13 +1,14 @@
-"""What a message carries besides the model: named array sets, packed into Flower's one list of arrays.
+"""What a message carries besides the model: named array sets, packed into one list of arrays, and their bytes.
 
-Flower's legacy messages hold one list of arrays (``Parameters``) and a dict of scalars. A
-method whose messages carry more than the model declares named array sets in its
+A method whose messages carry more than the model declares named array sets in its
 contract (:class:`ArraySet`: SCAFFOLD sends ``control`` and its clients return
-``delta-control``). The base strategy and client pack the model and those sets into the
-one list, model first, and name the layout in the same message, under ``payload``: in
-the config (server to client) and in the metrics (client to server), as
-``"model:6 control:6"``. The receiver unpacks by that layout, never by position alone,
-so a reply that lacks a set, or has one of the wrong length, is named as such.
+``delta-control``). The client's ``fit`` takes and returns one list of arrays, model
+first, with the layout named in the same message, under ``payload``: in the config
+(server to client) and in the metrics (client to server), as ``"model:6 control:6"``.
+The receiver unpacks by that layout, never by position alone, so a reply that lacks a
+set, or has one of the wrong length, is named as such. On the wire each set is its own
+Flower ArrayRecord (``strategies/flower/codec.py``); an array travels as the bytes of
+``numpy.save`` (:func:`to_bytes`, :func:`from_bytes`: Flower's own serialisation).
 
 Pure Python and numpy: the strategy and the client both import it.
 """
@@ -17,8 +18,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from io import BytesIO
 
 import numpy as np
+
+Scalar = bool | bytes | float | int | str  # what a config or metrics value may be (Flower's records hold these)
 
 MODEL = "model"  # the arrays of the model that travel: all of them, or the shared ones of a method with personal layers
 LAYOUT = "payload"  # the config / metrics key that names a message's layout
@@ -31,6 +35,18 @@ SET_KINDS = {
               "the set is one row of classes, at most each declared class count)",
 }
 _NAME = re.compile(r"[a-z][a-z0-9-]*")
+
+
+def to_bytes(array: np.ndarray) -> bytes:
+    """``array`` as it travels: the bytes of ``numpy.save`` (as Flower's ``ndarray_to_bytes``)."""
+    buffer = BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def from_bytes(data: bytes) -> np.ndarray:
+    """The array :func:`to_bytes` made (no pickled objects: a hostile reply cannot run code here)."""
+    return np.load(BytesIO(data), allow_pickle=False)
 
 
 class PayloadError(ValueError):

@@ -2,20 +2,17 @@
 
 Flower 1.42's deployed grid (``flwr/superlink/grid/http_grid.py``, ``HttpGrid.send_and_receive``)
 pushes a phase's messages and then pulls their replies every 3 s, a hard-coded sleep:
-a reply that came back in 0.2 s waits up to 3 s more before the ServerApp sees it. The
-legacy API calls ``send_and_receive`` once per client, from a thread each
-(``flwr/server/compat/grid_client_proxy.py``), so a round of N clients runs N such loops.
+a reply that came back in 0.2 s waits up to 3 s more before the ServerApp sees it.
 
 :class:`PacedGrid` wraps any grid and keeps its every call but one: ``send_and_receive``
 pushes through the wrapped grid (``Grid.push_messages``, public) and waits for the replies
 while one pull loop, shared by every thread that waits, asks the wrapped grid
 (``Grid.pull_messages``, public) for all the replies awaited, at most once per
-``pull-interval`` seconds. A phase of the Message API is one caller; the legacy API's
-threads share the loop, so the SuperLink sees ``1 / pull-interval`` pulls a second
-however many clients a round has.
+``pull-interval`` seconds, so the SuperLink sees ``1 / pull-interval`` pulls a second
+however many phases wait.
 
 A phase may also be pushed now and awaited later (:meth:`PacedGrid.send`, then
-:meth:`PacedGrid.receive`): the Message API adapter pushes round r's evaluation and
+:meth:`PacedGrid.receive`): the round engine pushes round r's evaluation and
 round r+1's fit together where the grid delivers each node's messages in the order they
 were pushed (:attr:`PacedGrid.delivers_in_order`), so that a SuperNode finds the fit
 waiting when it has answered the evaluation, instead of sleeping 3 s first.

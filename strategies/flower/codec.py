@@ -1,8 +1,8 @@
 """stamen's messages in Flower's Message API records: named ArrayRecords per array set, configs, metrics.
 
-The legacy path packs the model and a method's array sets into one list of arrays and
+A stamen client packs the model and a method's array sets into one list of arrays and
 names the layout in the config or metrics (``"model:6 control:6"``,
-:mod:`strategies.contracts.payload`). On the Message API each set is its own
+:mod:`strategies.contracts.payload`). In a message each set is its own
 ``ArrayRecord``: the model under ``"arrays"`` (Flower's own key, so a template's
 ``msg.content["arrays"].to_torch_state_dict()`` reads it), keyed by the ``state_dict``
 names of the arrays that travel, and every other set under its name (SCAFFOLD's
@@ -11,8 +11,8 @@ names of the arrays that travel, and every other set under its name (SCAFFOLD's
 ``num-examples``, and an evaluation's ``loss``) and its text in the ``"reports"``
 ConfigRecord, since a MetricRecord holds only numbers.
 
-The arrays keep the bytes the legacy path sends (``numpy.save``), so converting either
-way copies no array and a reply's bytes are the same on both paths. :func:`same_arrays`
+The arrays keep the bytes of ``numpy.save`` (:func:`strategies.contracts.payload.to_bytes`),
+so converting either way copies no array. :func:`same_arrays`
 and :func:`check_like` compare a model's records (the arrays a user hands ``start``).
 """
 
@@ -23,9 +23,8 @@ from io import BytesIO
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
-from flwr.common import Parameters, Scalar
 
-from strategies.contracts.payload import LAYOUT, MODEL, parse_layout
+from strategies.contracts.payload import LAYOUT, MODEL, Scalar, parse_layout
 from strategies.screening import is_real_number
 
 MODEL_RECORD = "arrays"  # Flower's key for the model in its templates and strategies
@@ -96,14 +95,14 @@ def packed(content: RecordDict) -> tuple[list[bytes], str, list[str]]:
     return tensors, layout, list(records[MODEL_RECORD].keys()) if MODEL_RECORD in records else []
 
 
-def instruction(parameters: Parameters, config: Mapping[str, Scalar], names: Sequence[str] = ()) -> RecordDict:
+def instruction(tensors: Sequence[bytes], config: Mapping[str, Scalar], names: Sequence[str] = ()) -> RecordDict:
     """A fit or evaluate instruction's records: its array sets (by ``config``'s layout) and its config."""
-    records = array_records(parameters.tensors, config.get(LAYOUT), names)
+    records = array_records(tensors, config.get(LAYOUT), names)
     return RecordDict({**records, CONFIG_RECORD: ConfigRecord(dict(config))})
 
 
 def read_instruction(content: RecordDict) -> tuple[list[bytes], dict[str, Scalar], list[str]]:
-    """An instruction's packed tensors, its config (the layout in it, as the legacy client reads it), model keys."""
+    """An instruction's packed tensors, its config (the layout in it, as a stamen client reads it), model keys."""
     if CONFIG_RECORD not in content.config_records:
         raise MessageFormatError(f"the instruction has no {CONFIG_RECORD!r} ConfigRecord")
     tensors, layout, names = packed(content)
@@ -132,7 +131,7 @@ def reply(tensors: Sequence[bytes], num_examples: int, metrics: Mapping[str, Sca
 
 
 def read_reply(content: RecordDict) -> tuple[list[bytes], int, dict[str, Scalar], list[str]]:
-    """A reply's packed tensors, example count and metrics (the layout among them, as the legacy strategy reads it).
+    """A reply's packed tensors, example count and metrics (the layout among them, as the reply screen reads it).
 
     The metrics are the reply's numbers and reports together; the last item is the
     model's keys, which the server compares with the names it sent.
