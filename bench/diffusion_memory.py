@@ -3,7 +3,7 @@
 For each model, builds the ``Diffusion`` strategy for K agents (ring, Metropolis),
 feeds it one round of replies from every agent (in process, no Flower engine: the
 strategy's own arrays are what is measured), and reports the bytes of the agents'
-models it holds and how far ``aggregate_fit`` raises the peak of traced allocations
+models it holds and how far combining the replies raises the peak of traced allocations
 (``tracemalloc``) above what was held before it (agents' models and the replies).
 Writes ``bench/results/diffusion_memory.json`` and prints a table.
 
@@ -14,63 +14,48 @@ from __future__ import annotations
 
 import tracemalloc
 
-from flwr.common import Code, FitRes, GetPropertiesRes, Status, ndarrays_to_parameters  # noqa: E402
-from flwr.server.client_manager import SimpleClientManager  # noqa: E402
-from flwr.server.client_proxy import ClientProxy  # noqa: E402
-
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
 from app.config import parse_settings  # noqa: E402
+from app.local.node_fleet import NodeFleet  # noqa: E402
 from bench.harness import arguments, machine, write_report  # noqa: E402
 from clients.models import build_model, parameter_count  # noqa: E402
 from strategies.contracts.code import code_identity  # noqa: E402
+from strategies.contracts.payload import to_bytes  # noqa: E402
 from strategies.diffusion import Diffusion  # noqa: E402
+from strategies.screening import Received  # noqa: E402
 
 MODELS = (("linear", (10,), 0), ("logreg", (1, 28, 28), 10), ("mlp", (1, 28, 28), 10),
           ("cnn-small", (1, 28, 28), 62), ("cnn", (1, 28, 28), 62))  # fmt: skip
-OK = Status(Code.OK, "")
 
 
-class Agent(ClientProxy):
+class Agent:
     """A node that only says which agent it is."""
 
     def __init__(self, cid: str, agent: int, num_agents: int) -> None:
-        super().__init__(cid)
+        self.cid = cid
         self.properties = {"partition-id": agent, "num-partitions": num_agents, **code_identity()}
 
-    def get_properties(self, ins, timeout, group_id):
-        return GetPropertiesRes(OK, self.properties)
-
-    def get_parameters(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def fit(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def evaluate(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def reconnect(self, ins, timeout, group_id):
-        raise NotImplementedError
+    def get_properties(self, config):
+        return self.properties
 
 
 def measure(name: str, shape: tuple[int, ...], classes: int, agents: int) -> dict:
     model = build_model(name, input_shape=shape, num_classes=classes)
     arrays = [v.detach().numpy() for v in model.state_dict().values()]
-    manager = SimpleClientManager()
-    for k in range(agents):
-        manager.register(Agent(f"n{k}", k, agents))
+    fleet = NodeFleet(*(Agent(f"n{k}", k, agents) for k in range(agents)))
     settings = parse_settings({"strategy": "diffusion", "diffusion-mu": 0.1, "local-steps": 1, "batch-size": 1,
                                "num-server-rounds": 1, "min-available-clients": agents})  # fmt: skip
-    strategy = Diffusion(settings=settings, initial_parameters=ndarrays_to_parameters(arrays))
+    strategy = Diffusion(settings=settings, initial_model=arrays)
     tracemalloc.start()
-    strategy.initialize_parameters(manager)
-    instructions = strategy.configure_fit(1, None, manager)
-    replies = [(proxy, FitRes(OK, ndarrays_to_parameters(arrays), 1, {})) for proxy, _ in instructions]
+    strategy.phases.start_run(fleet)
+    instructions = strategy.phases.fit_instructions(1, fleet)
+    tensors = [to_bytes(a) for a in arrays]
+    replies = [Received(ins.node, tensors, 1, {}) for ins in instructions]
     before = tracemalloc.get_traced_memory()[0]  # the agents' models, the replies and everything else so far
     tracemalloc.reset_peak()
-    strategy.aggregate_fit(1, replies, [])
+    strategy.phases.take_fit(1, replies, [])
     peak = tracemalloc.get_traced_memory()[1] - before
     tracemalloc.stop()
 

@@ -63,7 +63,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np  # noqa: E402
-from flwr.common import parameters_to_ndarrays  # noqa: E402
 
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
@@ -120,18 +119,18 @@ def reply_norms(sent: dict[str, list[np.ndarray]], back: dict[str, list[np.ndarr
 
 
 def watch(run, replies: list[dict]) -> None:
-    """Wrap every proxy's ``fit`` so that each reply's norms are appended to ``replies`` as it is sent."""
+    """Wrap every client's ``fit`` so that each reply's norms are appended to ``replies`` as it is sent."""
     screened = [s.name for s in run.strategy.contract.returns if s.kind in ("update", "values")]
-    for proxy in run.manager.all().values():
+    for client in run.clients:
 
-        def fit(ins, timeout, group_id, honest_fit=proxy.fit, partition=proxy.client.partition_id):
-            res = honest_fit(ins, timeout, group_id)
-            sent = unpack(parameters_to_ndarrays(ins.parameters), ins.config.get(LAYOUT))
-            back = unpack(parameters_to_ndarrays(res.parameters), res.metrics.get(LAYOUT))
+        def fit(parameters, config, honest_fit=client.fit, partition=client.partition_id):
+            arrays, num_examples, metrics = honest_fit(parameters, config)
+            sent = unpack(parameters, config.get(LAYOUT))
+            back = unpack(arrays, metrics.get(LAYOUT))
             replies.append({"partition": partition, "norms": reply_norms(sent, back, screened)})
-            return res
+            return arrays, num_examples, metrics
 
-        proxy.fit = fit
+        client.fit = fit
 
 
 # --- one round's verdicts -------------------------------------------------------------------------------------------

@@ -4,10 +4,10 @@ Per-FedAvg HF on B1's split of ``../shared/data/mnist-10k`` (50 users, a = 34), 
 batches of 40, 10 clients a round, no evaluation rounds (``fraction-evaluate = 0``):
 
 (a) Flower: ``flwr run`` through ``app.local.simulation.LocalSimulation``, exactly as
-    ``flwr run .`` runs it (50 SuperNodes, Ray backend), on each of Flower's APIs
-    (``api = "legacy"``: Strategy + NumPyClient, a thread per message; ``api = "message"``:
-    the Message API, each phase sent and awaited at once); seconds per round are the
-    strategy's own ``round-seconds`` (configure_fit to the round's record);
+    ``flwr run .`` runs it (50 SuperNodes, Ray backend; the round engine on Flower's
+    Message API, each phase sent and awaited at once; the legacy API was measured here
+    until issue 69 removed it); seconds per round are the run's own ``round-seconds``
+    (the fit's configuration to the round's record);
 (b) plain loop: one process builds the 50 clients once from the same client classes
     and calls their ``fit`` with the strategy's own fit configs, then averages.
 
@@ -54,12 +54,12 @@ ACTORS = {  # name -> --federation-config resources: CPUs each ClientApp worker 
 }
 
 
-APIS = ("legacy", "message")
+APIS = ("message",)  # Flower's APIs measured (a column of the report; the legacy one is gone)
 
 
-def run_config(case: str, rounds: int, results: str, api: str = "legacy") -> dict:
+def run_config(case: str, rounds: int, results: str, api: str = "message") -> dict:
     strategy, fraction = CASES[case]
-    return {"api": api,
+    return {
         "strategy": strategy, "dataset": "mnist", "data-dir": str(SHARED_DATA / "mnist-10k"),
         "partitioner": "perfedavg-paper", "images-per-class": IMAGES_PER_CLASS, "model": "mlp", "seed": 0,
         "num-server-rounds": rounds, "fraction-fit": fraction, "fraction-evaluate": 0.0, "aggregation": "uniform",
@@ -109,7 +109,6 @@ def flower_case(case: str, federation: str, *, api: str, warmup: int, rounds: in
 def plain_loop(case: str, *, warmup: int, rounds: int) -> dict:
     """The same clients and configs in one process: the floor Flower is measured against."""
     import numpy as np
-    from flwr.common import parameters_to_ndarrays
 
     from app.config import parse_settings
     from app.local.inprocess import build_clients
@@ -119,7 +118,7 @@ def plain_loop(case: str, *, warmup: int, rounds: int) -> dict:
     settings = parse_settings(run_config(case, warmup + rounds, "/tmp"))
     strategy = build_strategy(settings)
     clients = build_clients(settings, USERS)
-    params = parameters_to_ndarrays(strategy.global_parameters)
+    params = strategy.global_model
     per_round = max(int(USERS * settings.run.fraction_fit), settings.run.min_fit_clients)
     rng = np.random.default_rng(0)
     startup = time.perf_counter() - started
@@ -170,7 +169,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--cases", nargs="*", default=list(CASES))
-    parser.add_argument("--apis", nargs="*", default=list(APIS), choices=APIS, help="Flower's APIs to run (both)")
+    parser.add_argument("--apis", nargs="*", default=list(APIS), choices=APIS, help=argparse.SUPPRESS)
     parser.add_argument("--profile", action="store_true", help="cProfile the plain loop and exit")
     parser.add_argument("--plain-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()

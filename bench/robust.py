@@ -47,7 +47,6 @@ for _blas in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_blas, "1")
 
 import numpy as np  # noqa: E402
-from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays  # noqa: E402
 
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
@@ -195,43 +194,42 @@ def run_config(dataset: str, aggregation: str, *, seed: int, rounds: int) -> dic
 
 
 def arm(run, partitions: list[int], attack: Attack, seed: int) -> None:
-    """Make ``partitions`` of ``run`` attackers: their proxies answer with ``attack``'s reply."""
-    for proxy in run.manager.all().values():
-        client = proxy.client
+    """Make ``partitions`` of ``run`` attackers: their clients answer with ``attack``'s reply."""
+    for client in run.clients:
         if client.partition_id not in partitions:
             continue
 
-        def fit(ins, timeout, group_id, client=client, honest_fit=proxy.fit):
+        def fit(parameters, config, client=client, honest_fit=client.fit):
             labels = client.train_y
             if attack.flips_labels:
                 client.train_y = flipped_labels(labels, num_classes=client.data.num_classes)
             try:
-                res = honest_fit(ins, timeout, group_id)
+                arrays, num_examples, metrics = honest_fit(parameters, config)
             finally:
                 client.train_y = labels
             if attack.transform is None:
-                return res
-            sent = unpack(parameters_to_ndarrays(ins.parameters), ins.config.get(LAYOUT))[MODEL]
-            sets = unpack(parameters_to_ndarrays(res.parameters), res.metrics.get(LAYOUT))
-            options = {"rng": np.random.default_rng([seed, client.partition_id, int(ins.config["server-round"])])}
+                return arrays, num_examples, metrics
+            sent = unpack(parameters, config.get(LAYOUT))[MODEL]
+            sets = unpack(arrays, metrics.get(LAYOUT))
+            options = {"rng": np.random.default_rng([seed, client.partition_id, int(config["server-round"])])}
             model = attack.transform(sent, sets.pop(MODEL), **(options if attack.noisy else {}))
             arrays, layout = pack({MODEL: model, **sets})
-            return FitRes(res.status, ndarrays_to_parameters(arrays), res.num_examples, {**res.metrics, LAYOUT: layout})
+            return arrays, num_examples, {**metrics, LAYOUT: layout}
 
-        proxy.fit = fit
+        client.fit = fit
 
 
 def capture_evaluations(run) -> dict[int, dict]:
     """Each partition's last evaluation metrics, filled in as the run evaluates."""
     replies: dict[int, dict] = {}
-    for proxy in run.manager.all().values():
+    for client in run.clients:
 
-        def evaluate(ins, timeout, group_id, client=proxy.client, answer=proxy.evaluate):
-            res = answer(ins, timeout, group_id)
-            replies[client.partition_id] = dict(res.metrics)
-            return res
+        def evaluate(parameters, config, client=client, answer=client.evaluate):
+            loss, num_examples, metrics = answer(parameters, config)
+            replies[client.partition_id] = dict(metrics)
+            return loss, num_examples, metrics
 
-        proxy.evaluate = evaluate
+        client.evaluate = evaluate
     return replies
 
 

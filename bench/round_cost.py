@@ -7,9 +7,9 @@ Three ways, in one invocation on the same clients' tensors:
 - **plain**: a loop a person would write: per client ``load_state_dict`` of the global
   model, ``torch.optim.SGD`` over 10 batches drawn from a permutation, the state dict
   kept; the average of the 20 state dicts;
-- **in-process**: stamen's strategy and clients through Flower's legacy messages in this
-  process (``InProcessRun.step``: ``configure_fit``, the clients' ``fit`` with its
-  encoding of the arrays, screening, aggregation);
+- **in-process**: stamen's round engine and clients through Flower's messages in this
+  process (``InProcessRun.step``: the train messages, the clients' ``fit`` with the
+  wire encoding of the arrays, screening, aggregation);
 - **flwr run**: the same run config through Flower's simulation (20 SuperNodes, one
   CPU each: two workers, one thread each), its ``round-seconds`` from ``metrics.jsonl``
   (the last round, which also evaluates, and the first, which warms up, left out). With

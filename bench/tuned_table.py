@@ -91,13 +91,13 @@ def one_run(config: dict, clients: int, rounds: int) -> dict:
 def count_visits(run) -> list[int]:
     """Each client's fit calls so far, counted as the run goes (what its personal state trained on)."""
     visits = [0] * len(run.clients)
-    for index, proxy in enumerate(run.manager.all().values()):
+    for index, client in enumerate(run.clients):
 
-        def fit(ins, timeout, group_id, index=index, answer=proxy.fit):
+        def fit(parameters, config, index=index, answer=client.fit):
             visits[index] += 1
-            return answer(ins, timeout, group_id)
+            return answer(parameters, config)
 
-        proxy.fit = fit
+        client.fit = fit
     return visits
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from app.config import parse_settings
+from app.local.node_fleet import NodeFleet
 from app.local.simulation import LocalSimulation
 from datasets import ClientData
 from strategies.contracts.code import code_identity
@@ -68,38 +69,7 @@ class FakeNode:
         raise NotImplementedError
 
 
-class FakeFleet:
-    """Nodes a test connects by hand, as the server's preflight and rounds see them (``strategies.preflight.Fleet``).
-
-    A node's answer is its ``get_properties``; an exception it raises is its answer, as a
-    failed ``query`` message is.
-    """
-
-    def __init__(self, *nodes: FakeNode) -> None:
-        self.nodes = {node.cid: node for node in nodes}
-        self.asked: list[list[str]] = []  # the node ids of every question, in order
-
-    def register(self, node: FakeNode) -> None:
-        self.nodes[node.cid] = node
-
-    def unregister(self, cid: str) -> None:
-        del self.nodes[cid]
-
-    def node_ids(self) -> list[str]:
-        return list(self.nodes)
-
-    def wait_for(self, count: int, timeout: float) -> bool:
-        return len(self.nodes) >= count
-
-    def ask(self, cids, config, reply_s):
-        self.asked.append(list(cids))
-        answers = []
-        for cid in cids:
-            try:
-                answers.append(dict(self.nodes[cid].get_properties(dict(config))))
-            except Exception as err:
-                answers.append(err)
-        return answers
+FakeFleet = NodeFleet  # nodes a test connects by hand (register, unregister), as the preflight and rounds see them
 
 
 @pytest.fixture(scope="session")

@@ -144,6 +144,17 @@ def answers(fleet: FakeFleet, instructions: list[Instruction], *,
     return results, failures
 
 
+def fleet_of(run) -> FakeFleet:
+    """An ``InProcessRun``'s nodes (its grid's node ids), each answered by its real client without Flower's messages."""
+    return FakeFleet(*(LocalNode(str(node), client) for node, client in zip(run.grid.contexts, run.clients,
+                                                                             strict=True)))  # fmt: skip
+
+
+def replied_arrays(reply: Received) -> list[np.ndarray]:
+    """The arrays a fit reply carries (packed: the model, then each array set), decoded."""
+    return [from_bytes(tensor) for tensor in reply.tensors]
+
+
 def play_round(strategy: FederatedStrategy, server_round: int, fleet: FakeFleet) -> dict:
     """One whole round with the fleet's nodes answering: fit, the server's test, evaluation, the close; its record."""
     aggregate_fit(strategy, server_round, *answers(fleet, configure_fit(strategy, server_round, fleet)))

@@ -6,17 +6,15 @@ import json
 
 import numpy as np
 import pytest
-from flwr.common import parameters_to_ndarrays
-from flwr.server.client_manager import SimpleClientManager
-from helpers import K, diffusion_strategy, federation, settings_for
+from helpers import K, diffusion_strategy, federation, play_round, settings_for, start_run
 
 from app.config import ConfigError, parse_settings
-from app.local.inprocess import InProcessProxy, build_clients
+from app.local.message_grid import InProcessGrid
 from app.results import ResultWriter
 from app.server_run import build_strategy, checkpoint_to_resume
 from strategies.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from strategies.flower.rounds import Rounds
 from strategies.recorder import NullRecorder
-from strategies.resume import ContinuedRun
 
 
 def sample_checkpoint(round_=3):
@@ -83,51 +81,49 @@ def test_resumed_writer_drops_records_after_the_checkpoint(tmp_path):
     assert rounds == [1, 2, 3]
 
 
-def play(strategy, manager, rounds):
-    """Drive ``strategy`` through fit and evaluation rounds 1..rounds, as Flower's server loop does."""
-    parameters = strategy.initialize_parameters(manager)
-    for server_round in range(1, rounds + 1):
-        results = [(p, p.fit(ins, None, 0)) for p, ins in strategy.configure_fit(server_round, parameters, manager)]
-        parameters, _ = strategy.aggregate_fit(server_round, results, [])
-        replies = [(p, p.evaluate(ins, None, 0)) for p, ins in strategy.configure_evaluate(server_round, parameters,
-                                                                                             manager)]  # fmt: skip
-        if replies:
-            strategy.aggregate_evaluate(server_round, replies, [])
-        strategy.end_round(server_round)
-    return parameters
+def play(strategy, fleet, rounds, *, after=0):
+    """Drive ``strategy`` through fit and evaluation rounds ``after + 1`` .. ``after + rounds``, as the engine does."""
+    for server_round in range(after + 1, after + rounds + 1):
+        play_round(strategy, server_round, fleet)
+    return strategy.global_model
 
 
 def test_diffusion_resumed_from_a_checkpoint_matches_the_uninterrupted_run():
     settings = settings_for(mode="diffusion", graph="ring", participation=0.5, neighbour_probability=0.7, rounds=5,
                             checkpoint_every=2)  # fmt: skip
-    manager, _ = federation(settings)
+    fleet, _ = federation(settings)
     whole, _, whole_recorder = diffusion_strategy(settings)
-    final = play(whole, manager, 5)
+    start_run(whole, fleet)
+    final = play(whole, fleet, 5)
     assert [c.round for c in whole_recorder.checkpoints] == [2, 4, 5]
     at_two = whole_recorder.checkpoints[0]
     assert at_two.arrays["diffusion/agents"].shape == (K, 10)
 
-    manager, _ = federation(settings)  # a fresh federation: new processes, same partitions
+    fleet, _ = federation(settings)  # a fresh federation: new processes, same partitions
     again, _, recorder = diffusion_strategy(settings)
-    continued = ContinuedRun(strategy=again, checkpoint=at_two)
-    assert continued.remaining_rounds == 3
-    resumed_final = play(continued, manager, 3)
+    assert Rounds(method=again, checkpoint=at_two).num_rounds == 3  # the engine plays the rounds left
+    start_run(again, fleet)  # the preflight and the method's start, then the checkpoint, as the engine does
+    again.resume(at_two)
+    resumed_final = play(again, fleet, 3, after=2)
     # same participation and neighbour draws (the RNG state), same agents, same records after round 2
     np.testing.assert_array_equal(again.agents, whole.agents)
-    np.testing.assert_array_equal(parameters_to_ndarrays(resumed_final)[0], parameters_to_ndarrays(final)[0])
+    np.testing.assert_array_equal(resumed_final[0], final[0])
     assert [r["round"] for r in again.history] == [1, 2, 3, 4, 5]
     for mine, theirs in zip(again.history[2:], whole.history[2:], strict=True):
         assert mine["agents-drawn"] == theirs["agents-drawn"] and mine["disagreement"] == theirs["disagreement"]
     assert recorder.summary["rounds"] == 5
 
 
-def fathom_federation(settings, num_clients):
-    """FATHOM's strategy (records in memory) and ``num_clients`` fresh clients built as the ClientApp builds them."""
-    manager = SimpleClientManager()
-    for partition, client in enumerate(build_clients(settings, num_clients)):
-        manager.register(InProcessProxy(f"node-{partition}", client))
+def fathom_run(settings, num_clients, checkpoint=None):
+    """FATHOM's run (records in memory) played by the round engine on ``num_clients`` fresh in-process nodes.
+
+    The method, its engine (continuing after ``checkpoint``, if given) and its recorder; the run is played.
+    """
     recorder = NullRecorder()
-    return build_strategy(settings, recorder=recorder), manager, recorder
+    strategy = build_strategy(settings, recorder=recorder)
+    rounds = Rounds(method=strategy, checkpoint=checkpoint, overlap_rounds=False)
+    rounds.start(grid=InProcessGrid(run_config=settings.as_run_config(), num_clients=num_clients))
+    return strategy, rounds, recorder
 
 
 def test_fathom_stopped_after_its_checkpoint_resumes_without_loss_or_duplication():
@@ -135,22 +131,21 @@ def test_fathom_stopped_after_its_checkpoint_resumes_without_loss_or_duplication
     settings = parse_settings({"strategy": "fathom", "num-server-rounds": 4, "fraction-fit": 1.0,
                                "min-fit-clients": 4, "local-epochs": 1.0, "batch-size": 8, "eval-every": 2,
                                "checkpoint-every": 2})  # fmt: skip
-    whole, manager, whole_recorder = fathom_federation(settings, 4)
-    final = play(whole, manager, 4)
+    whole, _, whole_recorder = fathom_run(settings, 4)
+    final = whole.global_model
     assert [c.round for c in whole_recorder.checkpoints] == [2, 4]
     at_two = whole_recorder.checkpoints[0]
     assert at_two.state["tuner"]["round"] == 2 and whole_recorder.checkpoints[1].state["tuner"]["round"] == 4
 
-    again, manager, recorder = fathom_federation(settings, 4)  # new clients and server: nothing kept in memory
-    continued = ContinuedRun(strategy=again, checkpoint=at_two)
-    assert continued.remaining_rounds == 2
-    resumed_final = play(continued, manager, 2)
+    again, continued, recorder = fathom_run(settings, 4, at_two)  # new clients and server: nothing kept in memory
+    assert continued.num_rounds == 2
+    resumed_final = again.global_model
     assert [r["round"] for r in again.history] == [1, 2, 3, 4]
     # the hyperparameters in force in rounds 3 and 4 are FATHOM's state after round 2, restored from the checkpoint
     for mine, theirs in zip(again.history, whole.history, strict=True):
         for key in ("hp-lr", "hp-local-epochs", "hp-batch-size", "train-loss"):
             assert mine[key] == pytest.approx(theirs[key], rel=1e-6), (mine["round"], key)
     assert whole.history[2]["hp-lr"] != whole.history[0]["hp-lr"]  # the state had moved by then
-    for mine, theirs in zip(parameters_to_ndarrays(resumed_final), parameters_to_ndarrays(final), strict=True):
+    for mine, theirs in zip(resumed_final, final, strict=True):
         np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-7)
     assert [c.round for c in recorder.checkpoints] == [4] and recorder.checkpoints[0].state["tuner"]["round"] == 4

@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.common import parameters_to_ndarrays
-from helpers import K, federation, settings_for
+from helpers import (
+    K,
+    aggregate_evaluate,
+    aggregate_fit,
+    answers,
+    configure_evaluate,
+    configure_fit,
+    federation,
+    sent_arrays,
+    settings_for,
+    start_run,
+)
 from helpers import diffusion_strategy as make_strategy
 
 from app.config import ConfigError, check_on_server
@@ -19,30 +29,25 @@ def gradient(part, w):
     return x.T @ (x @ w - y) / len(y)
 
 
-def one_round(strategy, manager, server_round):
-    parameters = strategy.initialize_parameters(manager) if server_round == 1 else None
-    instructions = strategy.configure_fit(server_round, parameters, manager)
-    results, failures = [], []
-    for proxy, ins in instructions:
-        try:
-            results.append((proxy, proxy.fit(ins, None, 0)))
-        except Exception as err:
-            failures.append(err)
-    return strategy.aggregate_fit(server_round, results, failures)
+def one_round(strategy, fleet, server_round):
+    if server_round == 1:
+        start_run(strategy, fleet)
+    instructions = configure_fit(strategy, server_round, fleet)
+    return aggregate_fit(strategy, server_round, *answers(fleet, instructions))
 
 
 def test_fedsgd_round_is_the_averaged_gradient_step():
     settings = settings_for()
-    manager, parts = federation(settings)
+    fleet, parts = federation(settings)
     strategy, w0, _ = make_strategy(settings)
-    params, metrics = one_round(strategy, manager, 1)
+    model, metrics = one_round(strategy, fleet, 1)
     expected = w0 - 0.1 * np.mean([gradient(p, w0) for p in parts], axis=0)
     for agent in range(K):
         np.testing.assert_allclose(strategy.agents[agent], expected, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(parameters_to_ndarrays(params)[0].ravel(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model[0].ravel(), expected, rtol=1e-5, atol=1e-6)
     assert metrics["agents-participated"] == K and metrics["disagreement"] < 1e-10
     # and again from the common model
-    one_round(strategy, manager, 2)
+    one_round(strategy, fleet, 2)
     expected = expected - 0.1 * np.mean([gradient(p, expected) for p in parts], axis=0)
     np.testing.assert_allclose(strategy.agents[0], expected, rtol=1e-5, atol=1e-6)
 
@@ -53,10 +58,10 @@ def test_devices_with_their_own_data_are_numbered_by_node_id_and_run_exactly_as_
     runs = []
     for own_data in (False, True):
         settings = settings_for(mode="diffusion", participation=0.7, batch_size=20, local_steps=3)
-        manager, _ = federation(settings, own_data=own_data)
+        fleet, _ = federation(settings, own_data=own_data)
         strategy, _, _ = make_strategy(settings)
         for server_round in (1, 2, 3):
-            one_round(strategy, manager, server_round)
+            one_round(strategy, fleet, server_round)
         runs.append(strategy.agents.copy())
         assert strategy.network.num_agents == K
     np.testing.assert_array_equal(runs[0], runs[1])
@@ -64,9 +69,9 @@ def test_devices_with_their_own_data_are_numbered_by_node_id_and_run_exactly_as_
 
 def test_diffusion_round_with_everyone_is_the_combination_of_the_local_steps():
     settings = settings_for(mode="diffusion", graph="ring", combination="uniform", local_steps=2)
-    manager, parts = federation(settings)
+    fleet, parts = federation(settings)
     strategy, w0, _ = make_strategy(settings)
-    one_round(strategy, manager, 1)
+    one_round(strategy, fleet, 1)
     psi = []
     for part in parts:  # two full-batch steps
         w = w0 - 0.1 * gradient(part, w0)
@@ -80,9 +85,9 @@ def test_diffusion_round_with_everyone_is_the_combination_of_the_local_steps():
 @pytest.mark.parametrize("how", ["raise", "nan"])
 def test_a_failed_or_rejected_agent_keeps_its_model_and_neighbours_use_it(how):
     settings = settings_for(mode="diffusion", graph="ring", combination="metropolis")
-    manager, parts = federation(settings, broken={2: how})
+    fleet, parts = federation(settings, broken={2: how})
     strategy, w0, _ = make_strategy(settings)
-    _, metrics = one_round(strategy, manager, 1)
+    _, metrics = one_round(strategy, fleet, 1)
     assert metrics["agents-participated"] == K - 1
     assert strategy.record["clients-failed"] == 1
     psi = np.array([w0 - 0.1 * gradient(p, w0) for p in parts])
@@ -95,27 +100,29 @@ def test_a_failed_or_rejected_agent_keeps_its_model_and_neighbours_use_it(how):
 
 def test_participation_draws_and_evaluation_of_each_agents_own_model():
     settings = settings_for(mode="diffusion", graph="full", participation_per_agent="0.2,0.4,0.6,1.0", rounds=200)
-    manager, _ = federation(settings)
+    fleet, _ = federation(settings)
     strategy, _, recorder = make_strategy(settings)
     counts = np.zeros(K)
     for server_round in range(1, 201):
-        parameters = strategy.initialize_parameters(manager) if server_round == 1 else None
-        instructions = strategy.configure_fit(server_round, parameters, manager)
-        for proxy, _ in instructions:
-            counts[strategy.nodes.partition_of(proxy.cid)] += 1
-        strategy.aggregate_fit(server_round, [], [])
+        if server_round == 1:
+            start_run(strategy, fleet)
+        instructions = configure_fit(strategy, server_round, fleet)
+        for ins in instructions:
+            counts[strategy.nodes.partition_of(ins.node)] += 1
+        aggregate_fit(strategy, server_round, [])
         if server_round < 200:
             strategy.end_round(server_round)
     # binomial(200, q): 4 standard deviations
     q = np.array([0.2, 0.4, 0.6, 1.0])
     assert np.all(np.abs(counts / 200 - q) <= 4 * np.sqrt(q * (1 - q) / 200) + 1e-9)
-    instructions = strategy.configure_evaluate(200, None, manager)
-    assert len(instructions) == K and all(ins.config["adapt-steps"] == 0 for _, ins in instructions)
-    for proxy, ins in instructions:
-        agent = strategy.nodes.partition_of(proxy.cid)
-        np.testing.assert_array_equal(parameters_to_ndarrays(ins.parameters)[0].ravel(), strategy.agents[agent])
-    replies = [(proxy, proxy.evaluate(ins, None, 0)) for proxy, ins in instructions]
-    _, metrics = strategy.aggregate_evaluate(200, replies, [])
+    instructions = configure_evaluate(strategy, 200, fleet)
+    assert len(instructions) == K and all(ins.config["adapt-steps"] == 0 for ins in instructions)
+    for ins in instructions:
+        agent = strategy.nodes.partition_of(ins.node)
+        np.testing.assert_array_equal(sent_arrays(ins)[0].ravel(), strategy.agents[agent])
+    replies, failures = answers(fleet, instructions, evaluate=True)
+    assert failures == []
+    _, metrics = aggregate_evaluate(strategy, 200, replies)
     assert metrics["eval-clients"] == K and np.isfinite(metrics["loss"]) and "accuracy" not in metrics
     assert set(recorder.arrays["topology"]) >= {"adjacency", "matrix", "expected", "weights", "participation"}
 
@@ -132,11 +139,11 @@ def test_network_mean_heads_for_the_weighted_optimum_and_the_first_order_limit()
     rounds = 2000
     settings = settings_for(mode="diffusion", graph="star", combination="uniform", mu=0.02, local_steps=1,
                             participation_per_agent="1.0,0.5,0.5,0.5", synthetic_alpha=2.0, rounds=rounds)  # fmt: skip
-    manager, parts = federation(settings)
+    fleet, parts = federation(settings)
     strategy, _, _ = make_strategy(settings)
     total = np.zeros(10)
     for server_round in range(1, rounds + 1):
-        one_round(strategy, manager, server_round)
+        one_round(strategy, fleet, server_round)
         if server_round > rounds // 2:
             total += strategy.agents.mean(axis=0)
     mean = total / (rounds - rounds // 2)
@@ -190,18 +197,18 @@ def test_bad_networks_fail_at_the_start_naming_the_problem(tmp_path):
     graph = tmp_path / "edges.txt"
     graph.write_text("0 1\n2 3\n")
     settings = settings_for(mode="diffusion", graph="file", graph_file=str(graph))
-    manager, _ = federation(settings)
+    fleet, _ = federation(settings)
     with pytest.raises(ValueError, match="graph 'file' on 4 agents is not connected"):
-        make_strategy(settings)[0].initialize_parameters(manager)
+        start_run(make_strategy(settings)[0], fleet)
     graph.write_text("0 1\n1 2\n2 3\n3 7\n")  # agent 7: more agents than the 4 partitions
     with pytest.raises(ValueError, match="agent 7 is outside 0..3"):
-        make_strategy(settings)[0].initialize_parameters(manager)
+        start_run(make_strategy(settings)[0], fleet)
     matrix = tmp_path / "a.txt"
     np.savetxt(matrix, np.full((K, K), 0.3))
     settings = settings_for(mode="diffusion", graph="full", combination="file", combination_file=str(matrix))
     with pytest.raises(ValueError, match="column 0 sums to 1.2, not 1"):
-        make_strategy(settings)[0].initialize_parameters(manager)
+        start_run(make_strategy(settings)[0], fleet)
     settings = settings_for(mode="diffusion", participation_per_agent="0.5,0.5")
     expected = r"diffusion-participation-per-agent \('0.5,0.5'\) has 2 values but the federation has 4"
     with pytest.raises(ValueError, match=expected):
-        make_strategy(settings)[0].initialize_parameters(manager)
+        start_run(make_strategy(settings)[0], fleet)

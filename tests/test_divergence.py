@@ -7,8 +7,7 @@ import json
 import numpy as np
 import pytest
 from conftest import settings
-from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
-from helpers import arrays, fit_res, stand_in_fedavg
+from helpers import aggregate_fit, arrays, configure_fit, fit_res, stand_in_fedavg
 
 from app.local.inprocess import served_run
 from strategies.base import RunDivergedError
@@ -17,38 +16,38 @@ from strategies.perfedavg import PerFedAvg
 from strategies.screening import outsized, update_norm
 
 
-def play_round(strategy, manager, proxies, server_round, value):
-    strategy.configure_fit(server_round, strategy.global_parameters, manager)
-    strategy.aggregate_fit(server_round, [(p, fit_res(arrays(value), 10)) for p in proxies], [])
+def play_round(strategy, fleet, nodes, server_round, value):
+    configure_fit(strategy, server_round, fleet)
+    aggregate_fit(strategy, server_round, [fit_res(n, arrays(value), 10) for n in nodes])
     strategy.end_round(server_round)
 
 
 def test_three_rounds_of_non_finite_replies_stop_the_run_with_the_last_good_model():
-    strategy, manager, proxies, recorder = stand_in_fedavg(num_rounds=10, eval_every=100, clients=3)
-    play_round(strategy, manager, proxies, 1, 1.0)
-    play_round(strategy, manager, proxies, 2, 2.0)  # its model (all 2.0) is what rounds 3-5 are sent
-    play_round(strategy, manager, proxies, 3, np.nan)
-    play_round(strategy, manager, proxies, 4, np.inf)
+    strategy, fleet, nodes, recorder = stand_in_fedavg(num_rounds=10, eval_every=100, clients=3)
+    play_round(strategy, fleet, nodes, 1, 1.0)
+    play_round(strategy, fleet, nodes, 2, 2.0)  # its model (all 2.0) is what rounds 3-5 are sent
+    play_round(strategy, fleet, nodes, 3, np.nan)
+    play_round(strategy, fleet, nodes, 4, np.inf)
     assert strategy.divergence.nonfinite_rounds == 2 and recorder.summary is None
     reason = (r"rounds 3-5 every fit reply was non-finite; the step sizes in force were lr = 0.1; most likely the "
               r"cause: lower them; kept the model after round 1")
     with pytest.raises(RunDivergedError, match=reason):
-        play_round(strategy, manager, proxies, 5, np.nan)
+        play_round(strategy, fleet, nodes, 5, np.nan)
     # the model sent in round 2 came back finite: the last good one; the model after round 2 was never tested
-    assert all(np.all(a == 1.0) for a in parameters_to_ndarrays(strategy.global_parameters))
+    assert all(np.all(a == 1.0) for a in strategy.global_model)
     assert recorder.checkpoints[-1].round == 1
     assert recorder.summary["status"] == "stopped" and recorder.summary["last-good-round"] == 1
     assert [r["clients-nonfinite"] for r in recorder.rounds] == [0, 0, 3, 3, 3]
 
 
 def test_a_finite_round_resets_the_count_and_zero_never_stops():
-    strategy, manager, proxies, recorder = stand_in_fedavg(num_rounds=6, eval_every=100, clients=2)
+    strategy, fleet, nodes, recorder = stand_in_fedavg(num_rounds=6, eval_every=100, clients=2)
     for server_round, value in enumerate((np.nan, np.nan, 1.0, np.nan, np.nan, 1.0), start=1):
-        play_round(strategy, manager, proxies, server_round, value)
+        play_round(strategy, fleet, nodes, server_round, value)
     assert recorder.summary["status"] == "completed"
-    never, manager, proxies, recorder = stand_in_fedavg(num_rounds=5, eval_every=100, clients=2, stop_after_nonfinite=0)
+    never, fleet, nodes, recorder = stand_in_fedavg(num_rounds=5, eval_every=100, clients=2, stop_after_nonfinite=0)
     for server_round in range(1, 6):
-        play_round(never, manager, proxies, server_round, np.nan)
+        play_round(never, fleet, nodes, server_round, np.nan)
     assert recorder.summary["status"] == "completed" and never.divergence.nonfinite_rounds == 5
 
 
@@ -57,8 +56,8 @@ def test_a_diverging_run_of_the_server_app_stops_early_with_its_reason_in_the_su
     # server is the one `flwr run` gets (results folder, summary, checkpoint); its 10 nodes answer in this process
     config = {"strategy": "fedavg", "lr": 1e4, "num-server-rounds": 30, "stop-after-nonfinite": 2,
               "fraction-fit": 0.2, "eval-every": 100, "results-dir": str(tmp_path), "run-name": "diverges"}  # fmt: skip
-    server, rounds = served_run(config, num_clients=10)
-    server.fit(rounds, None)  # returns: Flower reports a stopped run as completed
+    strategy, grid = served_run(config, num_clients=10)
+    strategy.start(grid=grid)  # returns: a stopped run ends as Flower's Result, not an exception
     summary = json.loads((tmp_path / "diverges" / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["rounds"] < 30
     assert "every fit reply was non-finite" in summary["reason"] and "lr = 10000" in summary["reason"]
@@ -75,13 +74,13 @@ def test_update_norm_and_the_outsized_rule():
 
 
 def test_a_finite_but_outsized_reply_is_rejected_and_the_rest_averaged():
-    strategy, manager, proxies, recorder = stand_in_fedavg(num_rounds=2, eval_every=100, clients=4,
+    strategy, fleet, nodes, recorder = stand_in_fedavg(num_rounds=2, eval_every=100, clients=4,
                                                            max_update_ratio=10.0)  # fmt: skip
-    strategy.configure_fit(1, strategy.global_parameters, manager)
+    configure_fit(strategy, 1, fleet)
     values = (1.0, 1.1, 0.9, 1e4)  # the last is finite, and would move the average to 2501
-    replies = [(p, fit_res(arrays(v), 10)) for p, v in zip(proxies, values, strict=True)]
-    parameters, _ = strategy.aggregate_fit(1, replies, [])
-    for got in parameters_to_ndarrays(parameters):
+    replies = [fit_res(n, arrays(v), 10) for n, v in zip(nodes, values, strict=True)]
+    model, _ = aggregate_fit(strategy, 1, replies)
+    for got in model:
         np.testing.assert_allclose(got, 1.0, rtol=1e-6)
     assert strategy.record["clients-outsized"] == 1 and strategy.record["clients-rejected"] == 1
     assert strategy.record["update-norm-max"] == pytest.approx(1e4 * np.sqrt(9))
@@ -92,10 +91,10 @@ def test_hf_on_a_relu_model_is_named_as_the_likely_cause():
 
 
     run = settings(strategy="perfedavg", model="cnn-small", dataset="mnist-5k")
-    hint = PerFedAvg(settings=run, initial_parameters=ndarrays_to_parameters(arrays(0.0))).divergence_hint()
+    hint = PerFedAvg(settings=run, initial_model=arrays(0.0)).divergence_hint()
     assert hint.startswith("perfedavg-variant 'hf' on model 'cnn-small' (ReLU)") and "use 'so' or 'fo'" in hint
     smooth = settings(strategy="perfedavg", model="mlp")
-    assert PerFedAvg(settings=smooth, initial_parameters=ndarrays_to_parameters(arrays(0.0))).divergence_hint() == (
+    assert PerFedAvg(settings=smooth, initial_model=arrays(0.0)).divergence_hint() == (
         "most likely the cause: lower them")
 
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import logging
 
 import pytest
-from conftest import FakeProxy, settings
-from flwr.common import ndarrays_to_parameters
-from flwr.server.client_manager import SimpleClientManager
+from conftest import FakeFleet, FakeNode, settings
+from helpers import aggregate_fit, configure_fit, start_run
 
 from strategies.failures import cause_of, group_by_cause
 from strategies.fedavg import FedAvg
-from strategies.grid_transport import NO_REPLY, REPLY_S, ask_properties, reply_seconds
+from strategies.node_failures import REPLY_S, no_reply, reply_seconds
 from strategies.preflight import PreflightError
 
 FLOWER = ("Message contains an Error (reason: <class 'flwr.common.ConfigError'>:<'run config key 'device': cuda is not "
@@ -34,37 +33,37 @@ def test_a_hundred_identical_failures_make_one_group_with_their_count():
     assert groups[0]["clients"] == [f"node {i}" for i in range(6)] + ["..."]
 
 
-class SilentProxy(FakeProxy):
-    def get_properties(self, ins, timeout, group_id):
-        self.waited = timeout
-        raise TimeoutError(f"{NO_REPLY} {timeout:g} s")
+class SilentFleet(FakeFleet):
+    """Nodes that never answer: each fails as a silent node behind the grid does, after the wait it was given."""
+
+    def ask(self, cids, config, reply_s):
+        self.asked.append(list(cids))
+        self.waited = reply_s
+        return [no_reply(reply_s, cid) for cid in cids]
 
 
-class CudaProxy(FakeProxy):
-    def get_properties(self, ins, timeout, group_id):
+class CudaNode(FakeNode):
+    def get_properties(self, config):
         raise ValueError(FLOWER.format(node=10**17 + int(self.cid)))
 
 
 def strategy_of(**config):
-    return FedAvg(settings=settings(strategy="fedavg", **config), initial_parameters=ndarrays_to_parameters([]))
+    return FedAvg(settings=settings(strategy="fedavg", **config), initial_model=[])
 
 
-@pytest.mark.parametrize("proxy", [CudaProxy, SilentProxy])
-def test_a_preflight_of_a_hundred_nodes_failing_alike_says_so_in_one_line_and_keeps_the_group(proxy, caplog):
+@pytest.mark.parametrize("fleet_of", [FakeFleet, SilentFleet])
+def test_a_preflight_of_a_hundred_nodes_failing_alike_says_so_in_one_line_and_keeps_the_group(fleet_of, caplog):
     strategy = strategy_of(preflight_timeout=7.0)
-    manager = SimpleClientManager()
-    proxies = [proxy(str(i)) for i in range(100)]
-    for p in proxies:
-        manager.register(p)
+    fleet = fleet_of(*(CudaNode(str(i)) for i in range(100)))  # a SilentFleet's nodes never get to answer
     with caplog.at_level(logging.INFO), pytest.raises(PreflightError) as raised:
-        strategy.initialize_parameters(manager)
+        start_run(strategy, fleet)
     assert len(raised.value.lines) == 1 and raised.value.lines[0].startswith("100 of 100 clients (node 0, node 1")
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("preflight: 100 of 100")]
     assert len(lines) == 1, caplog.text
     groups = strategy.summary("failed")["failure-groups"]
     assert [(g["count"], g["asked"]) for g in groups] == [(100, 100)]
-    if proxy is SilentProxy:
-        assert proxies[0].waited == 7.0  # the run's preflight-timeout
+    if isinstance(fleet, SilentFleet):
+        assert fleet.waited == 7.0  # the run's preflight-timeout
         assert groups[0]["cause"].startswith("sent no reply within 7 s (0 of 100 answered; run config key "
                                               "'preflight-timeout' sets the wait")  # fmt: skip
     else:
@@ -79,13 +78,10 @@ def test_the_default_wait_grows_with_the_nodes_asked():
 
 def test_fit_failures_of_many_clients_log_one_line_per_cause(caplog):
     strategy = strategy_of()
-    manager = SimpleClientManager()
-    for i in range(3):
-        manager.register(FakeProxy(str(i)))
-    strategy.configure_fit(1, strategy.global_parameters, manager)
+    configure_fit(strategy, 1, FakeFleet(*(FakeNode(str(i)) for i in range(3))))
     failures = [RuntimeError("CUDA error: out of memory")] * 40 + [TimeoutError("timed out")] * 2
     with caplog.at_level(logging.WARNING):
-        strategy.aggregate_fit(1, [], failures)
+        aggregate_fit(strategy, 1, [], failures)
     lines = [r.getMessage() for r in caplog.records if "fit failed" in r.getMessage()]
     assert lines == ["round 1: fit failed on 40 client(s) (?, ?, ?, ?, ?, ?, ...): RuntimeError: CUDA error: out of "
                      "memory", "round 1: fit failed on 2 client(s) (?, ?): TimeoutError: timed out"]  # fmt: skip
@@ -110,8 +106,10 @@ class FailingGrid:
 
 def test_the_grid_transport_writes_a_clientapps_error_as_flower_does_and_the_groups_read_it_back(monkeypatch):
     from flwr.common import GetPropertiesIns
-    from flwr.server.compat.grid_client_proxy import GridClientProxy
+    from flwr.server.compat.grid_client_proxy import GridClientProxy  # Flower's own text, the reference
     from flwr.supercore.task_identity import TaskIdentity
+
+    from strategies.flower.fleet import GridFleet
 
     monkeypatch.setattr(TaskIdentity, "_run_id", 1)  # what a ServerApp process has
     monkeypatch.setattr(TaskIdentity, "_node_id", 0)
@@ -119,6 +117,6 @@ def test_the_grid_transport_writes_a_clientapps_error_as_flower_does_and_the_gro
     proxy = GridClientProxy(node_id=100, grid=FailingGrid(), run_id=1)
     with pytest.raises(ValueError) as flowers:
         proxy.get_properties(GetPropertiesIns(config={}), timeout=5, group_id=0)
-    [ours] = ask_properties([proxy], {}, 5)
+    [ours] = GridFleet(grid=FailingGrid()).ask(["100"], {}, reply_s=5)
     assert isinstance(ours, ValueError) and str(ours) == str(flowers.value)  # a Flower upgrade that changes it fails
     assert cause_of(str(ours)) == "RuntimeError: no GPU (raised in the ClientApp)"

@@ -13,22 +13,22 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, FakeProxy, settings
-from flwr.common import Context, GetPropertiesIns, GetPropertiesRes, RecordDict, ndarrays_to_parameters
-from flwr.server.client_manager import SimpleClientManager
+from conftest import REPO, FakeNode, settings
+from flwr.common import Context, RecordDict
 
 from app.client_app import client_fn
 from app.config import ConfigError, check_on_server, ignored_keys, parse_settings
+from app.local.message_grid import NODE_BASE, InProcessGrid
+from app.message_client import serving
 from clients.base import torch_device
 from datasets import DataUnavailableError
 from datasets.leaf import load_femnist
 from strategies.combinations import combination_matrix
-from strategies.contracts.code import code_identity
 from strategies.failures import ranges
 from strategies.fedavg import FedAvg
+from strategies.flower.rounds import Rounds
 from strategies.graphs import make_graph
 from strategies.recorder import NullRecorder
-from strategies.server import RoundServer
 
 CUDA = "run config key 'device': 'cuda' was asked for but torch sees no CUDA device"
 
@@ -48,7 +48,7 @@ def test_cuda_without_a_gpu_names_the_key():
 def test_a_client_that_cannot_be_built_answers_the_preflight_with_the_reason():
     context = Context(run_id=1, node_id=7, node_config={"partition-id": 3, "num-partitions": 10}, state=RecordDict(),
                       run_config={"device": "cuda", "num-threads": 1})  # fmt: skip
-    answer = client_fn(context).get_properties(GetPropertiesIns(config={})).properties
+    answer = client_fn(context).get_properties({})  # its answer to the preflight's query
     assert answer["partition-id"] == 3 and answer["preflight-error"].startswith(CUDA)
     assert "Traceback" in answer["preflight-detail"]
 
@@ -62,35 +62,37 @@ def test_a_client_whose_data_cannot_serve_the_run_answers_the_preflight_with_the
     # through flwr run, such answers end the run as failed before round 1: tests/test_failures_e2e.py
     context = Context(run_id=1, node_id=7, node_config={"partition-id": 3, "num-partitions": 4}, state=RecordDict(),
                       run_config=run_config)  # fmt: skip
-    answer = client_fn(context).get_properties(GetPropertiesIns(config={})).properties
+    answer = client_fn(context).get_properties({})  # its answer to the preflight's query
     assert answer["partition-id"] == 3 and answer["preflight-error"].startswith(reason)
 
 
-class AnsweringProxy(FakeProxy):
+class AnsweringNode(FakeNode):
     """A node whose client reports a problem as data, the way clients/unavailable.py does."""
 
-    def __init__(self, cid, error):
-        super().__init__(cid)
+    def __init__(self, cid, partition, error):
+        super().__init__(cid, partition)
         self.error = error
 
-    def get_properties(self, ins, timeout, group_id):
-        properties = {"partition-id": self.partition, "num-partitions": 12, **code_identity()}
+    def get_properties(self, config):
+        properties = {**super().get_properties(config), "num-partitions": 12}
         if self.error:
             properties |= {"preflight-error": self.error, "preflight-detail": f"Traceback ...\n{self.error}"}
-        return GetPropertiesRes(super().get_properties(ins, timeout, group_id).status, properties)
+        return properties
 
 
 def test_a_failed_preflight_condenses_causes_keeps_tracebacks_and_ends_the_run_as_failed():
     recorder = NullRecorder()
     strategy = FedAvg(settings=settings(strategy="fedavg", num_server_rounds=3), recorder=recorder,
-                      initial_parameters=ndarrays_to_parameters([np.zeros((2, 2), np.float32)]))  # fmt: skip
-    manager = SimpleClientManager()
-    for cid in range(12):
-        bad = "LEAF file /d/train/a.json is not valid JSON" if cid in (4, 9) else CUDA
-        manager.register(AnsweringProxy(str(cid), "" if cid == 11 else bad))
-    server = RoundServer(client_manager=manager, strategy=strategy, max_workers=4)
+                      initial_model=[np.zeros((2, 2), np.float32)])  # fmt: skip
+    nodes = []
+    for partition in range(12):
+        bad = "LEAF file /d/train/a.json is not valid JSON" if partition in (4, 9) else CUDA
+        nodes.append(AnsweringNode(str(NODE_BASE + partition), partition, "" if partition == 11 else bad))
+    # the nodes answer the preflight's query messages in this process, through Flower's encoding
+    grid = InProcessGrid(run_config={}, num_clients=12,
+                         client_app=serving(lambda context: nodes[int(context.node_config["partition-id"])]))
     with pytest.raises(RuntimeError) as raised:
-        server.fit(3, None)
+        Rounds(method=strategy).start(grid=grid)  # the round engine plays the run, as the ServerApp does
     message = str(raised.value)
     assert f"9 of 12 clients (partitions 0-3, 5-8, 10): {CUDA}" in message
     assert "2 of 12 clients (partitions 4, 9): LEAF file /d/train/a.json is not valid JSON" in message

@@ -5,9 +5,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import OK, FakeProxy, settings
-from flwr.common import FitRes, ndarrays_to_parameters
-from flwr.server.client_manager import SimpleClientManager
+from conftest import FakeFleet, FakeNode, settings
+from helpers import aggregate_fit, configure_fit, received
 from torch.nn import functional as F
 
 from app.config import ConfigError
@@ -181,21 +180,19 @@ def test_strategy_broadcasts_state_rejects_missing_phi_and_updates():
     run = settings(strategy="fathom", lr=0.1, local_epochs=1.0, batch_size=16, num_server_rounds=3, fraction_fit=1.0,
                    min_fit_clients=1, min_available_clients=1, preflight=False, aggregation="examples",
                    fathom_safe_ascent=0.0)  # fmt: skip
-    strategy = Fathom(settings=run, initial_parameters=ndarrays_to_parameters(zeros))
-    manager = SimpleClientManager()
-    proxies = [FakeProxy(str(i)) for i in range(3)]
-    for p in proxies:
-        manager.register(p)
-    instructions = strategy.configure_fit(1, strategy.global_parameters, manager)
-    partition = instructions[0][1].config["partition-id"]  # each node is told its partition
-    assert instructions[0][1].config == {"lr": 0.1, "local-epochs": 1.0, "batch-size": 16.0, "server-round": 1,
-                                         "partition-id": partition, "payload": "model:1"}  # fmt: skip
+    strategy = Fathom(settings=run, initial_model=zeros)
+    nodes = [FakeNode(str(i)) for i in range(3)]
+    fleet = FakeFleet(*nodes)
+    instructions = configure_fit(strategy, 1, fleet)
+    partition = instructions[0].config["partition-id"]  # each node is told its partition
+    assert instructions[0].config == {"lr": 0.1, "local-epochs": 1.0, "batch-size": 16.0, "server-round": 1,
+                                      "partition-id": partition, "payload": "model:1"}  # fmt: skip
     replies = [
-        (proxies[0], FitRes(OK, ndarrays_to_parameters([np.ones(3, np.float32)]), 10, {"phi": 0.5, "lr": 0.1})),
-        (proxies[1], FitRes(OK, ndarrays_to_parameters([np.ones(3, np.float32)]), 10, {"phi": 0.5, "lr": 0.1})),
-        (proxies[2], FitRes(OK, ndarrays_to_parameters([np.full(3, 9.0, np.float32)]), 10, {"lr": 0.1})),
+        received(nodes[0], [np.ones(3, np.float32)], 10, {"phi": 0.5, "lr": 0.1}),
+        received(nodes[1], [np.ones(3, np.float32)], 10, {"phi": 0.5, "lr": 0.1}),
+        received(nodes[2], [np.full(3, 9.0, np.float32)], 10, {"lr": 0.1}),
     ]
-    _, metrics = strategy.aggregate_fit(1, replies, [])
+    _, metrics = aggregate_fit(strategy, 1, replies)
     assert strategy.record["clients-rejected"] == 1  # no phi: rejected, its 9s never reach the model
     assert metrics["G"] == pytest.approx(-0.5) and metrics["H"] == 0.0
     assert strategy.tuner.state.batch_size == pytest.approx(16.0 * math.exp(0.1 * -0.5))

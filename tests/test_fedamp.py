@@ -7,14 +7,17 @@ import math
 import numpy as np
 import pytest
 from conftest import regression_data, settings
-from flwr.common import parameters_to_ndarrays
+from helpers import aggregate_fit, answers, configure_evaluate, configure_fit, fleet_of, sent_arrays
 
 from app.local.inprocess import InProcessRun
 from clients.fedamp import FedAmpClient
 from clients.models import build_model
+from strategies.contracts.payload import from_bytes
 from strategies.fedamp_math import attention_row, worst_self_weight
 
 MODELS = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+
+
 
 
 def test_cosine_attention_shares_alpha_among_the_others_by_a_softmax_of_their_cosines():
@@ -51,35 +54,37 @@ def test_the_client_steps_from_its_cloud_model_with_the_proximal_weight_lambda_o
 
 def test_each_client_is_sent_its_own_cloud_model_and_evaluates_its_own_last_model():
     run = InProcessRun(run_config={"strategy": "fedamp", "fraction-fit": 1.0, "min-available-clients": 4,
-                                   "fedamp-alpha-k": 0.6, "fedamp-sigma": 5.0, "local-steps": 3},
+                                   "fedamp-alpha-k": 0.6, "fedamp-sigma": 5.0, "local-steps": 3, "eval-every": 2},
                        num_clients=4)  # fmt: skip
-    strategy = run.strategy  # started: the preflight has mapped the nodes
+    strategy, fleet = run.strategy, fleet_of(run)  # started: the preflight has mapped the nodes
     initial = [a.copy() for a in strategy.global_model]
     for server_round in (1, 2):
         kept = {p: v.copy() for p, v in strategy.kept.items()}
-        instructions = strategy.configure_fit(server_round, run.parameters, run.manager)
+        instructions = configure_fit(strategy, server_round, fleet)
         stacked = np.stack([kept[p] for p in sorted(kept)]).astype(np.float64)
-        for proxy, ins in instructions:  # u_i = sum_j xi_ij w_j, xi by hand from the cosines
-            i = sorted(kept).index(strategy.nodes.partition_of(proxy.cid))
+        for ins in instructions:  # u_i = sum_j xi_ij w_j, xi by hand from the cosines
+            i = sorted(kept).index(strategy.nodes.partition_of(ins.node))
             norms = np.linalg.norm(stacked, axis=1)
             cos = stacked @ stacked[i] / (norms * norms[i])
             weights = np.exp(5.0 * np.delete(cos, i))
             row = np.insert(0.6 * weights / weights.sum(), i, 0.4)
-            sent = np.concatenate([a.ravel() for a in parameters_to_ndarrays(ins.parameters)])
+            sent = np.concatenate([a.ravel() for a in sent_arrays(ins)])
             np.testing.assert_allclose(sent, row @ stacked, rtol=1e-5, atol=1e-6)
             if server_round == 1:  # every kept model is the initial one: u_i is that model
                 np.testing.assert_allclose(sent, np.concatenate([a.ravel() for a in initial]), rtol=1e-6)
-        results = [(proxy, proxy.fit(ins, None, None)) for proxy, ins in instructions]
-        run.parameters, _ = strategy.aggregate_fit(server_round, results, [])
-        for proxy, res in results:  # each reply is that client's kept model now
-            replied = np.concatenate([a.ravel() for a in parameters_to_ndarrays(res.parameters)])
-            np.testing.assert_array_equal(strategy.kept[strategy.nodes.partition_of(proxy.cid)], replied)
+        results, failures = answers(fleet, instructions)
+        assert failures == []
+        aggregate_fit(strategy, server_round, results)
+        for res in results:  # each reply is that client's kept model now
+            replied = np.concatenate([from_bytes(t).ravel() for t in res.tensors])
+            np.testing.assert_array_equal(strategy.kept[strategy.nodes.partition_of(res.node)], replied)
     clouds = [strategy.cloud[p] for p in sorted(strategy.cloud)]
     assert not np.allclose(clouds[0][0], clouds[1][0])  # round 2: each client its own u_i
-    evaluation = strategy.configure_evaluate(2, run.parameters, run.manager)
-    for proxy, ins in evaluation:
-        sent = np.concatenate([a.ravel() for a in parameters_to_ndarrays(ins.parameters)])
-        np.testing.assert_array_equal(sent, strategy.kept[strategy.nodes.partition_of(proxy.cid)])
+    evaluation = configure_evaluate(strategy, 2, fleet)
+    assert len(evaluation) == 4  # round 2 evaluates (eval-every 2): every client is checked
+    for ins in evaluation:
+        sent = np.concatenate([a.ravel() for a in sent_arrays(ins)])
+        np.testing.assert_array_equal(sent, strategy.kept[strategy.nodes.partition_of(ins.node)])
         assert ins.config["adapt-steps"] == 0
 
 

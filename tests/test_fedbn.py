@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from conftest import settings
-from flwr.common import parameters_to_ndarrays
+from helpers import aggregate_fit, answers, configure_fit, fleet_of, replied_arrays
 from torch.nn import functional as F
 
 from app.local.inprocess import InProcessRun
@@ -14,8 +14,11 @@ from clients.fedbn import FedBNClient
 from clients.models import build_model, layout_of
 from datasets import ClientData
 from strategies.contracts.models import BATCH_NORM
+from strategies.contracts.payload import from_bytes
 
 MODEL = "fedavg-cnn-bn"
+
+
 
 
 def images(n=8, seed=0):
@@ -64,18 +67,19 @@ def test_two_steps_from_the_received_weights_and_the_kept_batchnorm_match_plain_
 def test_no_batchnorm_array_travels_and_the_server_averages_the_rest():
     run = InProcessRun(run_config={"strategy": "fedbn", "model": MODEL, "fraction-fit": 1.0, "local-steps": 2,
                                    "min-available-clients": 4}, num_clients=4)  # fmt: skip
-    strategy = run.strategy
+    strategy, fleet = run.strategy, fleet_of(run)
     layout = strategy.layout
     norm = set(layout.of_kind(BATCH_NORM))
     shared_shapes = [s for n, s in zip(layout.names, layout.shapes, strict=True) if n not in norm]
     initial_norm = {n: a.copy() for n, a in zip(layout.names, strategy.global_model, strict=True) if n in norm}
     for server_round in (1, 2):
-        instructions = strategy.configure_fit(server_round, run.parameters, run.manager)
-        results = [(proxy, proxy.fit(ins, None, None)) for proxy, ins in instructions]
-        for _, message in [*instructions, *results]:  # what was sent either way: the shared arrays alone
-            assert [a.shape for a in parameters_to_ndarrays(message.parameters)] == shared_shapes
-        replies = [parameters_to_ndarrays(res.parameters) for _, res in results]
-        run.parameters, _ = strategy.aggregate_fit(server_round, results, [])
+        instructions = configure_fit(strategy, server_round, fleet)
+        results, failures = answers(fleet, instructions)
+        assert failures == []
+        for message in [*instructions, *results]:  # what was sent either way: the shared arrays alone
+            assert [from_bytes(t).shape for t in message.tensors] == shared_shapes
+        replies = [replied_arrays(res) for res in results]
+        aggregate_fit(strategy, server_round, results)
         mean = [np.mean([r[i] for r in replies], axis=0) for i in range(len(shared_shapes))]
         for got, want in zip(strategy.global_shared, mean, strict=True):  # uniform aggregation: the plain mean
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 from conftest import settings
-from flwr.common import parameters_to_ndarrays
-from helpers import BODY, HEAD, blobs, sgd_on
+from helpers import BODY, HEAD, aggregate_fit, answers, blobs, configure_fit, fleet_of, sgd_on
 
 from app.local.inprocess import InProcessRun
 from clients.base import PERSONAL_LAYERS
 from clients.fedper import FedPerClient
 from clients.models import build_model
+from strategies.contracts.payload import from_bytes
 
 
 def test_two_joint_steps_from_the_received_body_and_the_kept_head_match_an_independent_computation():
@@ -39,15 +39,16 @@ def test_two_joint_steps_from_the_received_body_and_the_kept_head_match_an_indep
 def test_only_the_body_travels_and_the_servers_head_never_moves():
     run = InProcessRun(run_config={"strategy": "fedper", "fraction-fit": 1.0, "min-available-clients": 4},
                        num_clients=4)  # fmt: skip
-    strategy = run.strategy
+    strategy, fleet = run.strategy, fleet_of(run)
     initial_head = [a.copy() for a in strategy.global_model[4:]]
     body_shapes = [a.shape for a in strategy.global_model[:4]]
     for server_round in (1, 2):
-        instructions = strategy.configure_fit(server_round, run.parameters, run.manager)
-        results = [(proxy, proxy.fit(ins, None, None)) for proxy, ins in instructions]
-        for _, message in [*instructions, *results]:
-            assert [a.shape for a in parameters_to_ndarrays(message.parameters)] == body_shapes
-        run.parameters, _ = strategy.aggregate_fit(server_round, results, [])
+        instructions = configure_fit(strategy, server_round, fleet)
+        results, failures = answers(fleet, instructions)
+        assert failures == []
+        for message in [*instructions, *results]:
+            assert [from_bytes(t).shape for t in message.tensors] == body_shapes
+        aggregate_fit(strategy, server_round, results)
     for got, want in zip(strategy.global_model[4:], initial_head, strict=True):
         np.testing.assert_array_equal(got, want)
     for client in run.clients:  # every client trained and kept a head of its own

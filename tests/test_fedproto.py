@@ -7,8 +7,16 @@ import numpy as np
 import pytest
 import torch
 from conftest import settings
-from flwr.common import parameters_to_ndarrays
-from helpers import blobs
+from helpers import (
+    aggregate_fit,
+    answers,
+    blobs,
+    configure_evaluate,
+    configure_fit,
+    fleet_of,
+    replied_arrays,
+    sent_arrays,
+)
 from torch.nn import functional as F
 
 from app.config import ConfigError, check_model, parse_settings
@@ -66,23 +74,26 @@ def test_two_steps_and_the_prototypes_sent_match_an_independent_computation():
 
 def test_only_prototypes_travel_and_no_update_norm_is_recorded():
     run = InProcessRun(run_config={"strategy": "fedproto", "fraction-fit": 1.0, "min-available-clients": 4,
-                                   "local-steps": 2}, num_clients=4)  # fmt: skip
-    strategy = run.strategy
+                                   "local-steps": 2, "eval-every": 2}, num_clients=4)  # fmt: skip
+    strategy, fleet = run.strategy, fleet_of(run)
     for server_round in (1, 2):
-        instructions = strategy.configure_fit(server_round, run.parameters, run.manager)
-        for _, ins in instructions:
+        instructions = configure_fit(strategy, server_round, fleet)
+        for ins in instructions:
             assert ins.config["payload"] == "model:0 prototypes:1 prototype-counts:1"
-            assert [a.shape for a in parameters_to_ndarrays(ins.parameters)] == [(10, 60), (10,)]
-        results = [(proxy, proxy.fit(ins, None, None)) for proxy, ins in instructions]
-        replied = [parameters_to_ndarrays(res.parameters) for _, res in results]
-        strategy.aggregate_fit(server_round, results, [])
+            assert [a.shape for a in sent_arrays(ins)] == [(10, 60), (10,)]
+        results, failures = answers(fleet, instructions)
+        assert failures == []
+        replied = [replied_arrays(res) for res in results]
+        aggregate_fit(strategy, server_round, results)
         merged, total = global_prototypes(np.stack([r[0] for r in replied]), np.stack([r[1] for r in replied]))
         np.testing.assert_allclose(strategy.prototypes, merged, rtol=1e-6)
         np.testing.assert_array_equal(strategy.counts, total)
         assert "update-norm-median" not in strategy.record
         assert strategy.record["fedproto-classes"] == int((total > 0).sum()) >= 2
-    for _, ins in strategy.configure_evaluate(2, run.parameters, run.manager):
-        assert parameters_to_ndarrays(ins.parameters) == [] and ins.config["adapt-steps"] == 0
+    evaluation = configure_evaluate(strategy, 2, fleet)
+    assert len(evaluation) == 4  # round 2 evaluates (eval-every 2): every client is checked
+    for ins in evaluation:
+        assert sent_arrays(ins) == [] and ins.config["adapt-steps"] == 0
     assert all(len(c.state.arrays(PERSONAL_LAYERS)) == 6 for c in run.clients)  # each keeps its whole MLP
 
 

@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 from conftest import regression_data, settings
-from flwr.common import ndarrays_to_parameters
 
 from clients.fedavg import FedAvgClient
 from clients.fedprox import FedProxClient
@@ -58,7 +57,7 @@ def test_a_larger_mu_keeps_the_local_model_nearer_the_global_one():
 
 def test_the_strategy_broadcasts_mu_with_fedavgs_keys():
     run = settings(strategy="fedprox", fedprox_mu=0.3, lr=0.2)
-    strategy = FedProx(settings=run, initial_parameters=ndarrays_to_parameters([np.zeros(3, np.float32)]))
+    strategy = FedProx(settings=run, initial_model=[np.zeros(3, np.float32)])
     assert strategy.fit_config(2) == {"lr": 0.2, "local-steps": 10, "local-epochs": 0.0, "batch-size": 10,
                                       "fedprox-mu": 0.3, "server-round": 2}  # fmt: skip
     with pytest.raises(ValueError, match=r"'fedprox-mu': -0.1 is outside \[0, inf\)"):

@@ -6,14 +6,25 @@ import numpy as np
 import pytest
 import torch
 from conftest import settings
-from flwr.common import parameters_to_ndarrays
-from helpers import BODY, HEAD, blobs, sgd_on
+from helpers import (
+    BODY,
+    HEAD,
+    aggregate_fit,
+    answers,
+    blobs,
+    configure_evaluate,
+    configure_fit,
+    fleet_of,
+    sent_arrays,
+    sgd_on,
+)
 
 from app.config import ConfigError, check_model, main, parse_settings
 from app.local.inprocess import InProcessRun, build_clients
 from clients.base import PERSONAL_LAYERS
 from clients.fedrep import FedRepClient
 from clients.models import build_model
+from strategies.contracts.payload import from_bytes
 
 
 def test_a_head_step_then_a_body_step_match_an_independent_computation():
@@ -53,39 +64,40 @@ def test_head_epochs_are_passes_over_the_data_on_the_head():
 def test_the_head_never_leaves_the_client_and_survives_across_rounds():
     run = InProcessRun(run_config={"strategy": "fedrep", "fraction-fit": 1.0, "min-available-clients": 4,
                                    "fedrep-head-steps": 3, "local-steps": 3}, num_clients=4)  # fmt: skip
-    strategy, clients = run.strategy, run.clients
+    strategy, clients, fleet = run.strategy, run.clients, fleet_of(run)
     initial_head = [a.copy() for a in strategy.global_model[4:]]
     body_shapes = [a.shape for a in strategy.global_model[:4]]
     body_bytes = sum(a.nbytes for a in strategy.global_model[:4])
     heads, sent = [], []
     for server_round in (1, 2):
-        instructions = strategy.configure_fit(server_round, run.parameters, run.manager)
-        results = [(proxy, proxy.fit(ins, None, None)) for proxy, ins in instructions]
-        for _, message in [*instructions, *results]:  # what the server sent, and what each client sent back
-            assert [a.shape for a in parameters_to_ndarrays(message.parameters)] == body_shapes
-        run.parameters, _ = strategy.aggregate_fit(server_round, results, [])
+        instructions = configure_fit(strategy, server_round, fleet)
+        results, failures = answers(fleet, instructions)
+        assert failures == []
+        for message in [*instructions, *results]:  # what the server sent, and what each client sent back
+            assert [from_bytes(t).shape for t in message.tensors] == body_shapes
+        aggregate_fit(strategy, server_round, results)
         assert strategy.record["fit-bytes-received"] == pytest.approx(4 * body_bytes, rel=0.01)  # + npy headers
         heads.append([[a.copy() for a in c.state.arrays(PERSONAL_LAYERS)] for c in clients])
-        sent.append(dict(instructions))
+        sent.append({fleet.nodes[ins.node]: ins for ins in instructions})
     for got, want in zip(strategy.global_model[4:], initial_head, strict=True):
         np.testing.assert_array_equal(got, want)  # the server never saw a head
     # partition 0's round 2, replayed by fresh clients: from its round-1 head it gives the head it kept; from none, not
-    proxy = next(p for p in sent[1] if p.client.partition_id == 0)
+    node = next(n for n in sent[1] if n.client.partition_id == 0)
     replays = {}
     for kept in (heads[0][0], None):
         replay = build_clients(run.settings, 4)[0]
         if kept is not None:
             replay.state.set_arrays(PERSONAL_LAYERS, kept)
-        replay.fit(parameters_to_ndarrays(sent[1][proxy].parameters), sent[1][proxy].config)
+        replay.fit(sent_arrays(sent[1][node]), dict(sent[1][node].config))
         replays[kept is None] = replay.state.arrays(PERSONAL_LAYERS)
     assert not np.array_equal(heads[0][0][0], initial_head[0])
     for got, want in zip(replays[False], heads[1][0], strict=True):
         np.testing.assert_array_equal(got, want)
     assert not np.array_equal(replays[True][0], heads[1][0][0])
-    evaluations = strategy.configure_evaluate(10, run.parameters, run.manager)
-    assert all(ins.config["adapt-steps"] == 0 for _, ins in evaluations)
-    (proxy, ins), *_ = evaluations
-    metrics = proxy.evaluate(ins, None, None).metrics
+    evaluations = configure_evaluate(strategy, 10, fleet)
+    assert all(ins.config["adapt-steps"] == 0 for ins in evaluations)
+    ins, *_ = evaluations
+    _, _, metrics = fleet.nodes[ins.node].evaluate(sent_arrays(ins), dict(ins.config))
     assert 0 <= metrics["accuracy"] <= 1 and "global-accuracy" not in metrics
 
 

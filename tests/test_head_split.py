@@ -21,7 +21,7 @@ from app.client_app import AppData
 from app.config import ConfigError, check_on_server
 from app.local.inprocess import served_run
 from app.own_parts import OwnParts
-from app.server_app import server_components
+from app.server_run import run_method
 from clients.models import SplitModel, card_of, head_names, layout_of, split_at
 
 
@@ -120,9 +120,9 @@ def run_on_the_plain_network(tmp_path, strategy: str, **change: object) -> tuple
     name = "-".join([strategy, *map(str, change.values())])
     config = {"strategy": strategy, "num-server-rounds": 3, "fraction-fit": 1.0, "eval-every": 3, "lr": 0.05,
               "local-steps": 8, "results-dir": str(tmp_path), "run-name": name, **change}  # fmt: skip
-    server, rounds = served_run(config, num_clients=3, parts=parts,
+    strategy, grid = served_run(config, num_clients=3, parts=parts,
                                 app_data=AppData(data=blobs, keys=None, size=4))  # fmt: skip
-    server.fit(rounds, None)
+    strategy.start(grid=grid)
     summary = json.loads((tmp_path / name / "summary.json").read_text())
     return summary, [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
 
@@ -145,6 +145,6 @@ def test_moon_and_fedproto_run_on_a_plain_network_named_at_its_head(tmp_path, st
 def test_perfedavg_advice_names_the_plain_networks_relu(tmp_path):
     # the warning Per-FedAvg logs before round 1 (the example app's run logged it when it ran Per-FedAvg)
     parts = OwnParts(model=lambda config: split_at(Net(), head="fc3"), data_name="blobs")
-    components = server_components({"strategy": "perfedavg", "results-dir": str(tmp_path), "run-name": "advice"},
-                                   parts)  # fmt: skip
-    assert components.server.strategy.hf_on_relu().startswith("perfedavg-variant 'hf' on model 'Net' (ReLU)")
+    method, _, _ = run_method({"strategy": "perfedavg", "results-dir": str(tmp_path), "run-name": "advice"},
+                              parts)  # fmt: skip
+    assert method.hf_on_relu().startswith("perfedavg-variant 'hf' on model 'Net' (ReLU)")

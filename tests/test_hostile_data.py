@@ -11,7 +11,7 @@ import zlib
 import numpy as np
 import pytest
 from conftest import settings
-from flwr.common import Context, GetPropertiesIns, RecordDict
+from flwr.common import Context, RecordDict
 from PIL import Image
 
 import datasets.local as local
@@ -209,7 +209,7 @@ def test_a_node_with_bad_files_is_left_out_alone(tmp_path, bad):
     culprit, run = bad(tmp_path / "device")
     context = Context(run_id=1, node_id=5, node_config={"data-dir": str(tmp_path / "device")}, state=RecordDict(),
                       run_config={**RUN, **run})  # fmt: skip
-    answer = client_fn(context).get_properties(GetPropertiesIns(config={})).properties
+    answer = client_fn(context).get_properties({})  # the node's answer to the preflight's query
     assert str(culprit) in answer["preflight-error"]
     assert answer["preflight-scope"] == "node"  # the server leaves out this node; the others train
 

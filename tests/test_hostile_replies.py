@@ -13,13 +13,14 @@ import logging
 
 import numpy as np
 import pytest
-from flwr.common import EvaluateRes, FitRes, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 
 from app.config import ConfigError, parse_settings
 from app.local.inprocess import InProcessRun
 from app.registry import CONTRACTS
 from strategies.contracts.fedproto import COUNTS
 from strategies.contracts.payload import LAYOUT, pack, unpack
+from strategies.flower.codec import LOSS, METRICS_RECORD, NUM_EXAMPLES, REPORTS_RECORD
 
 BASE = {"dataset": "mnist-5k", "num-server-rounds": 3, "fraction-fit": 1.0, "min-fit-clients": 1,
         "min-available-clients": 1, "local-steps": 2, "batch-size": 16, "eval-every": 1, "lr": 0.05}  # fmt: skip
@@ -31,30 +32,49 @@ def run_of(clients: int = CLIENTS, **config) -> InProcessRun:
                         num_clients=clients)  # fmt: skip
 
 
-def proxy_of(run: InProcessRun, partition: int):
-    return run.manager.all()[f"node-{partition}"]
-
-
 def hostile_fit(run: InProcessRun, partition: int, transform, honest: list | None = None) -> None:
     """Make ``partition`` answer every fit with ``transform(sets, sent, num, metrics) -> (sets, num, metrics)``.
 
     ``sets`` are the honest reply's array sets by name (``model`` first); the honest
     replies' models are appended to ``honest`` when given.
     """
-    proxy = proxy_of(run, partition)
-    answer = proxy.fit
+    client = run.clients[partition]
+    answer = client.fit
 
-    def fit(ins, timeout, group_id):
-        res = answer(ins, timeout, group_id)
-        metrics = dict(res.metrics)
-        sets = unpack(parameters_to_ndarrays(res.parameters), metrics.get(LAYOUT))
+    def fit(parameters, config):
+        arrays, num, metrics = answer(parameters, config)
+        metrics = dict(metrics)
+        sets = unpack(list(arrays), metrics.get(LAYOUT))
         if honest is not None:
             honest.append([a.copy() for a in sets["model"]])
-        sets, num, metrics = transform(sets, parameters_to_ndarrays(ins.parameters), res.num_examples, metrics)
+        sets, num, metrics = transform(sets, list(parameters), num, metrics)
         arrays, layout = pack(sets)
-        return FitRes(res.status, ndarrays_to_parameters(arrays), num, {**metrics, LAYOUT: layout})
+        return arrays, num, {**metrics, LAYOUT: layout}
 
-    proxy.fit = fit
+    client.fit = fit
+
+
+def hostile_evaluate(run: InProcessRun, partition: int, transform) -> None:
+    """Make ``partition`` answer every evaluation with ``transform(loss, num, metrics) -> (loss, num, metrics)``."""
+    client = run.clients[partition]
+    answer = client.evaluate
+
+    def evaluate(parameters, config):
+        return transform(*answer(parameters, config))
+
+    client.evaluate = evaluate
+
+
+def hostile_reply(run: InProcessRun, partition: int, message_type: str, content: RecordDict) -> None:
+    """Make ``partition``'s node answer every ``message_type`` message with ``content``, as no stamen client would."""
+    client_app = run.grid.client_app
+
+    def answer(message: Message, context: Context) -> Message:
+        if message.metadata.message_type == message_type and context.node_config["partition-id"] == partition:
+            return Message(content=content, reply_to=message)
+        return client_app(message, context)
+
+    run.grid.client_app = answer
 
 
 def record_honest(run: InProcessRun, partition: int, into: list) -> None:
@@ -62,7 +82,7 @@ def record_honest(run: InProcessRun, partition: int, into: list) -> None:
 
 
 def global_model(run: InProcessRun) -> list[np.ndarray]:
-    return parameters_to_ndarrays(run.parameters)
+    return [a.copy() for a in run.global_model]
 
 
 def assert_sane(run: InProcessRun) -> None:
@@ -203,14 +223,7 @@ def test_a_claim_of_2_62_examples_is_refused_in_fit_and_in_evaluation(caplog):
 
     run = run_of(aggregation="examples")
     hostile_fit(run, 0, claims)
-    proxy = proxy_of(run, 0)
-    honest_evaluate = proxy.evaluate
-
-    def evaluate(ins, timeout, group_id):
-        res = honest_evaluate(ins, timeout, group_id)
-        return EvaluateRes(res.status, 0.0, 2**62, {**res.metrics, "accuracy": 1.0})
-
-    proxy.evaluate = evaluate
+    hostile_evaluate(run, 0, lambda loss, num, metrics: (0.0, 2**62, {**metrics, "accuracy": 1.0}))
     with caplog.at_level(logging.WARNING):
         run.step()
         metrics = run.evaluate()
@@ -221,22 +234,16 @@ def test_a_claim_of_2_62_examples_is_refused_in_fit_and_in_evaluation(caplog):
 
 @pytest.mark.parametrize(
     ("where", "metrics"),
-    [("fit", {"train-loss": "0.5"}), ("fit", {"grad-evals": True}), ("fit", {"grad-evals": 10**30}),
+    [("fit", {"train-loss": "0.5"}), ("fit", {"grad-evals": True}), ("fit", {"grad-evals": 2**64 - 1}),
      ("evaluate", {"accuracy": "1.0"}), ("evaluate", {"accuracy": True})],
 )
 def test_a_declared_metric_that_is_not_a_number_is_refused(where, metrics, caplog):
+    # 2**64 - 1: the largest count a reply can carry (Flower's MetricRecord holds up to uint64; 10**30 cannot travel)
     run = run_of()
-    proxy = proxy_of(run, 0)
     if where == "fit":
         hostile_fit(run, 0, lambda sets, sent, num, honest: (sets, num, {**honest, **metrics}))
     else:
-        honest_evaluate = proxy.evaluate
-
-        def evaluate(ins, timeout, group_id):
-            res = honest_evaluate(ins, timeout, group_id)
-            return EvaluateRes(res.status, res.loss, res.num_examples, {**res.metrics, **metrics})
-
-        proxy.evaluate = evaluate
+        hostile_evaluate(run, 0, lambda loss, num, honest: (loss, num, {**honest, **metrics}))
     with caplog.at_level(logging.WARNING):
         run.step()
         summary = run.evaluate()
@@ -246,10 +253,10 @@ def test_a_declared_metric_that_is_not_a_number_is_refused(where, metrics, caplo
 
 
 def test_a_string_loss_in_evaluation_is_refused(caplog):
+    # a stamen client's reply makes its loss a float; a hostile node can send the loss as text, among the reports
     run = run_of()
-    proxy = proxy_of(run, 1)
-    honest_evaluate = proxy.evaluate
-    proxy.evaluate = lambda ins, t, g: EvaluateRes(honest_evaluate(ins, t, g).status, "0.1", 10, {})
+    hostile_reply(run, 1, MessageType.EVALUATE, RecordDict({METRICS_RECORD: MetricRecord({NUM_EXAMPLES: 10}),
+                                                            REPORTS_RECORD: ConfigRecord({LOSS: "0.1"})}))
     run.step()
     with caplog.at_level(logging.WARNING):
         summary = run.evaluate()

@@ -1,7 +1,8 @@
 """Nothing a user wrote is lost or mixed: reused and hostile run names, links, torn records, malformed checkpoints.
 
-Each test drives the ServerApp's own pieces in this process (``server_function``,
-``server_components``, the result writer, a strategy's ``resume``), against run folders
+Each test drives the ServerApp's own pieces in this process (the method's Message API strategy
+built from a run config as ``run_on_grid`` builds it, the result writer, the round engine's
+start and a strategy's ``resume``), against run folders
 written by a real run (:class:`app.local.inprocess.InProcessRun` with stamen's result
 writer), and ends by comparing the earlier files byte for byte.
 """
@@ -19,16 +20,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.common import Context, RecordDict
 
 from app.config import ConfigError, parse_settings
 from app.local.inprocess import InProcessRun
+from app.local.message_grid import InProcessGrid
+from app.message_methods import MethodStrategy, message_strategy
 from app.own_parts import OwnParts
 from app.registry import METHODS
 from app.results import ResultWriter, read_metrics, run_directory
-from app.server_app import server_components, server_function
 from app.server_run import build_strategy, checkpoint_to_resume
+from app.server_run import refused as record_refusal
 from strategies.checkpoint import CheckpointError, load_checkpoint
+from strategies.contracts.common import RunSettings
+from strategies.flower.rounds import Rounds
 
 CLIENTS = 4
 ROUNDS = 2
@@ -70,10 +74,19 @@ def contents(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
-def submit(run_config: dict):
-    """What Flower does with a run: call the ServerApp's ``server_fn`` with the run config."""
-    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
-    return server_function(STAMEN)(context)
+def submit(run_config: dict) -> MethodStrategy:
+    """What stamen's ServerApp does with a run before its first message (``app.message_methods.run_on_grid``).
+
+    The method's Message API strategy built from the run config (a refused run logs why, in one line); not started.
+    """
+    try:
+        strategy_class = message_strategy(str(RunSettings.from_config(run_config).strategy))
+    except ConfigError as err:
+        record_refusal(err, run_config, STAMEN)
+        raise
+    return strategy_class(run_config=run_config, model=STAMEN.model, model_name=STAMEN.model_name,
+                          model_card=STAMEN.model_card, data_name=STAMEN.data_name,
+                          allow_app_keys=STAMEN.allow_app_keys)  # fmt: skip
 
 
 def refusal_lines(caplog) -> list[str]:
@@ -106,8 +119,8 @@ def test_a_taken_run_name_is_refused_in_one_line_and_the_earlier_files_are_left_
     if earlier == "a finished run":  # what the line offers: a run resuming from the folder's checkpoint writes there
         resumed = {**CONFIG, "results-dir": str(tmp_path), "run-name": "earlier", "num-server-rounds": ROUNDS + 1,
                    "resume-from": str(run_dir)}  # fmt: skip
-        components = server_components(resumed, STAMEN)
-        assert components.config.num_rounds == 1
+        strategy = submit(resumed)
+        assert strategy.num_rounds == 1 and strategy.offset == ROUNDS
         assert (run_dir / "metrics.jsonl").read_bytes() == before["metrics.jsonl"]
 
 
@@ -240,7 +253,7 @@ def test_resume_drops_a_torn_last_line_with_one_warning(finished, tmp_path, capl
         handle.write(b'{"round": 3, "strategy": "fathom", "train-lo')
     resumed = {**CONFIG, "results-dir": str(tmp_path), "num-server-rounds": ROUNDS + 2, "resume-from": str(run_dir)}
     with caplog.at_level(logging.WARNING):
-        server_components(resumed, STAMEN)
+        submit(resumed)
     assert metrics.read_bytes() == finished["metrics.jsonl"]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "cut short" in
                 r.getMessage()]  # fmt: skip
@@ -370,13 +383,15 @@ def array_cases(arrays: dict[str, np.ndarray]) -> list[tuple[str, dict[str, np.n
     return cases
 
 
-def outcome(path: Path, settings, manager) -> str:
-    """``"resumed"``, or the one-line refusal of a checkpoint on the server's path: load, check, resume."""
+def outcome(path: Path, settings, grid: InProcessGrid) -> str:
+    """``"resumed"``, or the one-line refusal of a checkpoint on the server's path: load, check, resume.
+
+    The round engine's start on ``grid`` is the server's: the preflight, the method's start, then ``resume``.
+    """
     try:
         checkpoint = checkpoint_to_resume(settings)
         strategy = build_strategy(settings)
-        strategy.initialize_parameters(manager)
-        strategy.resume(checkpoint)
+        Rounds(method=strategy, checkpoint=checkpoint).started(grid)
     except (CheckpointError, ConfigError) as err:
         assert "\n" not in str(err), str(err)
         return f"refused: {err}"
@@ -390,11 +405,11 @@ def test_every_malformed_checkpoint_is_refused_in_one_line_and_nothing_else_esca
     meta, arrays = read_archive(path)
     settings = parse_settings({**CONFIG, "results-dir": str(tmp_path), "num-server-rounds": ROUNDS + 2,
                                "resume-from": str(path)})  # fmt: skip
-    federation = InProcessRun(run_config={**CONFIG, "num-server-rounds": ROUNDS + 2}, num_clients=CLIENTS)
+    federation = InProcessGrid(run_config={**CONFIG, "num-server-rounds": ROUNDS + 2}, num_clients=CLIENTS)
 
     def tried(data: bytes) -> str:
         path.write_bytes(data)
-        return outcome(path, settings, federation.manager)
+        return outcome(path, settings, federation)
 
     assert tried(good) == "resumed"
     refused: dict[str, str] = {}
@@ -423,7 +438,7 @@ def test_every_malformed_checkpoint_is_refused_in_one_line_and_nothing_else_esca
     real.write_bytes(good)
     path.unlink()
     path.symlink_to(real)
-    refused["a symbolic link"] = outcome(path, settings, federation.manager)
+    refused["a symbolic link"] = outcome(path, settings, federation)
     path.unlink()
     wrong = {label: result for label, result in refused.items() if not result.startswith("refused: ")}
     assert not wrong, "\n".join(f"{k}: {v}" for k, v in wrong.items())

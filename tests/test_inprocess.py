@@ -12,13 +12,14 @@ RUN = {"strategy": "fedrep", "fraction-fit": 1.0, "min-available-clients": 4, "l
 
 def test_each_client_keeps_its_node_context_and_its_state_across_rounds():
     run = InProcessRun(run_config=RUN, num_clients=4)
-    for partition, (context, client) in enumerate(zip(run.contexts, run.clients, strict=True)):
+    contexts = list(run.grid.contexts.values())  # each node's Context, in partition order
+    for partition, (context, client) in enumerate(zip(contexts, run.clients, strict=True)):
         assert context.node_config == {"partition-id": partition, "num-partitions": 4}
         assert client.partition_id == partition and client.state.records is context.state
     run.step()
     heads = [[a.copy() for a in client.state.arrays(PERSONAL_LAYERS)] for client in run.clients]
     run.step()
-    for context, client, head in zip(run.contexts, run.clients, heads, strict=True):
+    for context, client, head in zip(contexts, run.clients, heads, strict=True):
         assert f"fedrep/{PERSONAL_LAYERS}" in context.state.array_records  # the state is the node's Context.state
         assert not np.array_equal(client.state.arrays(PERSONAL_LAYERS)[0], head[0])  # round 2 trained on round 1's
 

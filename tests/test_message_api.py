@@ -1,9 +1,8 @@
-"""The Message API path: every method gives the legacy path's records; failures, screens, subclasses and wrappers.
+"""The round engine on Flower's Message API: records, failures, screens, subclasses, wrappers, removed keys.
 
-Both paths run in this process: the legacy one through the server ``flwr run`` gets
-(``app.local.inprocess.served_run``), the Message API one through a Flower ``Grid``
-whose nodes answer with stamen's Message API ClientApp (``app.local.message_grid``),
-every message through Flower's wire encoding. Parametrised over ``app.registry.METHODS``.
+Runs go through a Flower ``Grid`` whose nodes answer with stamen's ClientApp in this
+process (``app.local.message_grid``), every message through Flower's wire encoding.
+Every method's records against those kept before the engine changed: tests/test_method_records.py.
 """
 
 from __future__ import annotations
@@ -13,18 +12,18 @@ import json
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.common import Error, Parameters, ndarray_to_bytes
+from flwr.common import Error
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
 from helpers import CLIENTS, config_of, message_run, records
 
 from app.client_app import app as stamen_client_app
-from app.local.inprocess import served_run
+from app.config import ConfigError
 from app.local.message_grid import InProcessGrid, wired
 from app.message_methods import message_strategy
 from app.registry import METHODS
-from strategies.grid_transport import QueryNode, ask_properties
-from strategies.message_codec import (
+from strategies.contracts.payload import to_bytes
+from strategies.flower.codec import (
     MessageFormatError,
     instruction,
     read_instruction,
@@ -34,25 +33,28 @@ from strategies.message_codec import (
 
 
 @pytest.mark.parametrize("name", list(METHODS))
-def test_both_paths_write_the_same_records(name, tmp_path):
-    legacy = config_of(name, tmp_path, "legacy")
-    server, rounds = served_run(legacy, num_clients=CLIENTS)
-    server.fit(rounds, None)
-    message_run(config_of(name, tmp_path, "message"))
-    first, second = records(tmp_path, "legacy"), records(tmp_path, "message")
-    assert [r["round"] for r in second] == [1, 2, 3]
-    assert "eval-clients" in second[-1]  # the clients' evaluation ran, and the server's own test where it can
-    assert ("central-loss" in second[-1]) == legacy["central-eval"]
-    for one, other in zip(first, second, strict=True):
-        assert one.keys() == other.keys()
-        for key, value in one.items():
-            assert other[key] == (pytest.approx(value, rel=1e-9, abs=1e-12) if isinstance(value, float) else value), key
+def test_every_method_records_every_round_with_its_evaluation_and_the_servers_test(name, tmp_path):
+    config = config_of(name, tmp_path, "message")
+    message_run(config)
+    rounds = records(tmp_path, "message")
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert "eval-clients" in rounds[-1]  # the clients' evaluation ran, and the server's own test where it can
+    assert ("central-loss" in rounds[-1]) == config["central-eval"]
+    assert all(r["clients-succeeded"] == r["clients-sampled"] for r in rounds)
+
+
+@pytest.mark.parametrize("key", ["api", "server-threads"])
+def test_a_run_config_naming_a_removed_key_is_refused_in_one_line_saying_what_replaced_it(key, tmp_path):
+    config = config_of("fedavg", tmp_path, "removed", **{key: "legacy" if key == "api" else 64})
+    with pytest.raises(ConfigError, match=f"run config key '{key}' was removed: .*drop the key") as refused:
+        message_strategy("fedavg")(run_config=config)
+    assert "\n" not in str(refused.value)
 
 
 def test_arrays_travel_by_name_and_each_set_in_its_own_record():
     arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(3, np.float32), np.zeros(4, np.int64)]
-    parameters = Parameters(tensors=[ndarray_to_bytes(a) for a in arrays], tensor_type="numpy.ndarray")
-    content = instruction(parameters, {"lr": 0.1, "payload": "model:2 control:1"}, names=("fc.weight", "fc.bias"))
+    tensors = [to_bytes(a) for a in arrays]
+    content = instruction(tensors, {"lr": 0.1, "payload": "model:2 control:1"}, names=("fc.weight", "fc.bias"))
     received = wired(Message(content=content, dst_node_id=5, message_type="train")).content
     assert list(received.array_records["arrays"].keys()) == ["fc.weight", "fc.bias"]
     assert list(received.array_records["control"].keys()) == ["0"]
@@ -60,15 +62,15 @@ def test_arrays_travel_by_name_and_each_set_in_its_own_record():
     assert received.array_records["control"]["0"].dtype == "int64"
     np.testing.assert_array_equal(received.array_records["arrays"].to_torch_state_dict()["fc.weight"].numpy(),
                                   arrays[0])  # a template's reading of the model works  # fmt: skip
-    tensors, config, names = read_instruction(received)
-    assert tensors == parameters.tensors and config == {"lr": 0.1, "payload": "model:2 control:1"}
+    read, config, names = read_instruction(received)
+    assert read == tensors and config == {"lr": 0.1, "payload": "model:2 control:1"}
     assert names == ["fc.weight", "fc.bias"]
     with pytest.raises(MessageFormatError, match="names 3 arrays, the message holds 2"):
-        instruction(Parameters(tensors=parameters.tensors[:2], tensor_type=""), {"payload": "model:2 control:1"})
+        instruction(tensors[:2], {"payload": "model:2 control:1"})
 
 
 def test_a_reply_carries_numbers_as_metrics_and_text_as_reports():
-    tensor = ndarray_to_bytes(np.ones(2, np.float32))
+    tensor = to_bytes(np.ones(2, np.float32))
     content = reply([tensor], 7, {"train-loss": 0.5, "steps": np.int64(3), "ok": True, "note": "x",
                                   "payload": "model:1"}, names=["w"])  # fmt: skip
     assert dict(content.metric_records["metrics"]) == {"train-loss": 0.5, "steps": 3, "num-examples": 7}
@@ -239,14 +241,15 @@ class LostNodeGrid(InProcessGrid):
 
 
 def test_the_preflight_reads_the_superlinks_reply_for_a_lost_node_as_that_nodes_failure(tmp_path):
+    from strategies.flower.fleet import GridFleet
+
     grid = LostNodeGrid(run_config=config_of("fedavg", tmp_path, "lost"), num_clients=3)
-    nodes = [QueryNode(node_id=node_id, grid=grid) for node_id in grid.get_node_ids()]
-    first, lost, third = ask_properties(nodes, {}, 30)
+    first, lost, third = GridFleet(grid=grid).ask([str(node) for node in grid.get_node_ids()], {}, 30)
     assert first["partition-id"] == 0 and third["partition-id"] == 2
     assert isinstance(lost, ValueError) and "Node Unavailable" in str(lost)  # not "sent no reply": it did not wait
 
 
-def test_a_run_config_without_the_api_key_runs_on_the_declared_default(monkeypatch):
+def test_the_server_app_runs_the_run_config_on_the_grid(monkeypatch):
     from flwr.app import Context, RecordDict
 
     import app.server_app
@@ -256,7 +259,7 @@ def test_a_run_config_without_the_api_key_runs_on_the_declared_default(monkeypat
     monkeypatch.setattr(app.server_app, "run_on_grid", lambda grid, run_config, parts: ran.append(dict(run_config)))
     main = app.server_app.server_main(OwnParts())
     main(None, Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={"strategy": "fedavg"}))
-    assert ran == [{"strategy": "fedavg"}]  # an app whose pyproject lacks `api` gets the Message API, the default
+    assert ran == [{"strategy": "fedavg"}]
 
 
 def test_a_train_config_may_not_set_what_stamen_sets_per_message(tmp_path):

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import OK, REPO, FakeProxy, settings
-from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
+from conftest import REPO, FakeFleet, FakeNode, settings
+from helpers import aggregate_fit, configure_fit, received, replied_arrays
 
 from app.config import ConfigError, main, parse_settings
 from app.local.simulation import LocalSimulation
@@ -124,8 +124,7 @@ def test_fedavg_never_averages_batchnorms_step_counter_into_zero():
                    local_steps=3, batch_size=4)  # fmt: skip
     model = build_model("fedavg-cnn-bn", input_shape=(1, 28, 28), num_classes=10)
     start = [v.numpy().copy() for v in model.state_dict().values()]
-    strategy = METHODS["fedavg"].strategy(settings=run, initial_parameters=ndarrays_to_parameters(start),
-                                          layout=layout_of(model))  # fmt: skip
+    strategy = METHODS["fedavg"].strategy(settings=run, initial_model=start, layout=layout_of(model))
     rng = np.random.default_rng(0)
     replies = []
     for partition in (0, 1):  # real clients' fit replies, 3 steps each
@@ -134,27 +133,18 @@ def test_fedavg_never_averages_batchnorms_step_counter_into_zero():
         client = METHODS["fedavg"].client(model=build_model("fedavg-cnn-bn", input_shape=(1, 28, 28), num_classes=10),
                                           data=data, settings=run, partition_id=partition)  # fmt: skip
         arrays, examples, metrics = client.fit(start, {"server-round": 1, LAYOUT: f"model:{len(start)}"})
-        replies.append((FakeProxy(str(partition)), FitRes(OK, ndarrays_to_parameters(arrays), examples, metrics)))
+        replies.append(received(str(partition), arrays, examples, metrics))
     strategy.nodes.properties = {str(p): {"partition-id": p} for p in (0, 1)}
-    strategy.configure_fit(1, strategy.global_parameters, _manager(replies))
-    parameters, _ = strategy.aggregate_fit(1, replies, [])
-    merged = dict(zip(layout_of(model).names, parameters_to_ndarrays(parameters), strict=True))
+    configure_fit(strategy, 1, FakeFleet(*(FakeNode(str(p)) for p in (0, 1))))
+    combined, _ = aggregate_fit(strategy, 1, replies)
+    merged = dict(zip(layout_of(model).names, combined, strict=True))
     for layer in (1, 5, 10):
         counter = merged[f"layers.{layer}.num_batches_tracked"]
         assert counter.dtype == np.int64 and int(counter) == 3  # 3 batches on each client; averaging gave 0
-    sent = [parameters_to_ndarrays(r.parameters) for _, r in replies]
+    sent = [replied_arrays(r) for r in replies]
     names = layout_of(model).names
     mean = (sent[0][names.index("layers.1.running_mean")] + sent[1][names.index("layers.1.running_mean")]) / 2
     np.testing.assert_allclose(merged["layers.1.running_mean"], mean, rtol=1e-6)  # the float buffers are averaged
-
-
-def _manager(replies):
-    from flwr.server.client_manager import SimpleClientManager
-
-    manager = SimpleClientManager()
-    for proxy, _ in replies:
-        manager.register(proxy)
-    return manager
 
 
 def test_a_model_registered_at_run_time_is_checked_and_built_like_the_others():
@@ -194,12 +184,9 @@ def test_every_method_runs_two_in_process_rounds_on_the_batchnorm_cnn(name):
         config.update({"local-epochs": 0.1, "fathom-batch-min": 2.0})
     run = InProcessRun(run_config=config, num_clients=4)
     strategy = run.strategy
-    for server_round in (1, 2):
-        instructions = strategy.configure_fit(server_round, run.parameters, run.manager)
-        results = [(proxy, proxy.fit(ins, None, None)) for proxy, ins in instructions]
-        run.parameters, _ = strategy.aggregate_fit(server_round, results, [])
+    for _ in (1, 2):
+        run.step()  # the round's fit, through Flower's messages (wire-encoded both ways)
         assert strategy.record["clients-succeeded"] == 4 and strategy.record["clients-rejected"] == 0
-        evaluations = strategy.configure_evaluate(server_round, run.parameters, run.manager)
-        strategy.aggregate_evaluate(server_round, [(p, p.evaluate(ins, None, None)) for p, ins in evaluations], [])
+        run.evaluate()
         assert strategy.record["eval-clients"] == 4 and 0 <= strategy.record["accuracy"] <= 1
     assert all(np.all(np.isfinite(a)) for a in strategy.global_model)

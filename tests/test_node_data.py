@@ -9,10 +9,9 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import OK, REPO, settings
-from flwr.common import Context, GetPropertiesIns, GetPropertiesRes, RecordDict
-from flwr.server.client_manager import SimpleClientManager
-from flwr.server.client_proxy import ClientProxy
+from conftest import REPO, FakeFleet, settings
+from flwr.common import Context, RecordDict
+from helpers import LocalNode
 from PIL import Image
 
 import datasets.local as local
@@ -173,31 +172,15 @@ def node_client(folder, run=None):
     return client_fn(context)
 
 
-class ClientProxyOf(ClientProxy):
-    """A proxy that answers through a real client (no Flower messages)."""
-
-    def __init__(self, cid, client):
-        super().__init__(cid)
-        self.client = client
-
-    def get_properties(self, ins, timeout, group_id):
-        return self.client.get_properties(ins)
-
-    def get_parameters(self, ins, timeout, group_id): ...
-    def fit(self, ins, timeout, group_id): ...
-    def evaluate(self, ins, timeout, group_id): ...
-    def reconnect(self, ins, timeout, group_id): ...
-
-
 def test_a_node_reports_its_own_data_and_its_faults_with_its_folder(tmp_path, devices):
-    properties = node_client(devices[2]).get_properties(GetPropertiesIns(config={})).properties
+    properties = node_client(devices[2]).get_properties({})
     assert properties["data-dir"] == str(devices[2]) and properties["partition-id"] == -1
     assert properties["num-train"] == 32 and "7:" not in properties["train-classes"]
     folder, culprit = damaged(tmp_path, devices, wrong_size)
-    answer = node_client(folder).get_properties(GetPropertiesIns(config={})).properties
+    answer = node_client(folder).get_properties({})
     assert str(culprit.resolve()) in answer["preflight-error"] and answer["preflight-scope"] == "node"
     strict = node_client(devices[0], {"strict-batches": True, "batch-size": 50})
-    answer = strict.get_properties(GetPropertiesIns(config={"batch-size": 50})).properties
+    answer = strict.get_properties({"batch-size": 50})
     assert answer["preflight-error"].startswith(f"batch-size 50 must be in [1, 40] (this client's training examples "
                                                 f"in {devices[0]}")  # fmt: skip
     assert answer["preflight-scope"] == "node"
@@ -205,18 +188,18 @@ def test_a_node_reports_its_own_data_and_its_faults_with_its_folder(tmp_path, de
 
 def test_the_preflight_numbers_devices_leaves_out_a_bad_one_and_reports_every_node(tmp_path, devices):
     bad, _ = damaged(tmp_path, devices, unknown_class)
-    manager = SimpleClientManager()
+    fleet = FakeFleet()
     # node ids are random; numbers follow the data-dirs' order
     for cid, folder in (("77", devices[2]), ("12", devices[0]), ("50", bad), ("31", devices[1])):
-        manager.register(ClientProxyOf(cid, node_client(folder)))
+        fleet.register(LocalNode(cid, node_client(folder)))
     nodes = NodeDirectory()
-    left_out = preflight(nodes, manager, {"batch-size": 10})
+    left_out = preflight(nodes, fleet, {"batch-size": 10})
     assert isinstance(left_out, PreflightError)
     assert left_out.lines == [f"1 of 4 clients (data-dir {bad}): class folder {bad.resolve()}/train/ten is not "
                               f"among the run config's classes {list(DIGITS)} (key 'classes'); rename or remove it"]
     assert nodes.excluded == {"50": left_out.lines[0].split(": ", 1)[1]}
     assert {cid: nodes.partition_of(cid) for cid in ("12", "31", "77")} == {"12": 0, "31": 1, "77": 2}
-    assert set(connected(nodes, manager)) == {0, 1, 2}  # the bad node stays out
+    assert set(connected(nodes, fleet)) == {0, 1, 2}  # the bad node stays out
     report = nodes.data_report(tuple(DIGITS))
     assert [entry["data-dir"] for entry in report] == [str(d) for d in devices]
     assert report[2]["train-classes"] == {d: 4 for d in DIGITS if d not in ("seven", "nine")}
@@ -225,24 +208,35 @@ def test_the_preflight_numbers_devices_leaves_out_a_bad_one_and_reports_every_no
 
 
 def test_a_fault_of_the_run_still_stops_the_preflight(devices):
-    manager = SimpleClientManager()
-    manager.register(ClientProxyOf("1", node_client(devices[0])))
-    manager.register(ClientProxyOf("2", node_client(devices[1], {"dataset": "mnist-5k"})))
+    fleet = FakeFleet(LocalNode("1", node_client(devices[0])),
+                      LocalNode("2", node_client(devices[1], {"dataset": "mnist-5k"})))  # fmt: skip
     with pytest.raises(PreflightError, match=r"1 of 2 clients \(data-dir .*device-1\): a node's own data-dir needs"):
-        preflight(NodeDirectory(), manager, {})
+        preflight(NodeDirectory(), fleet, {})
 
 
 def test_no_node_left_stops_the_preflight(tmp_path, devices):
     bad, _ = damaged(tmp_path, devices, unknown_class)
-    manager = SimpleClientManager()
-    manager.register(ClientProxyOf("1", node_client(bad)))
     with pytest.raises(PreflightError, match="no node is left to train"):
-        preflight(NodeDirectory(), manager, {})
+        preflight(NodeDirectory(), FakeFleet(LocalNode("1", node_client(bad))), {})
 
 
 def test_properties_reply_is_ok(devices):
-    reply = node_client(devices[0]).get_properties(GetPropertiesIns(config={}))
-    assert isinstance(reply, GetPropertiesRes) and reply.status.code == OK.code
+    from flwr.app import ConfigRecord, Message, MessageType
+
+    from app.client_app import app as client_app
+    from app.local.message_grid import NODE_BASE, InProcessGrid
+    from strategies.flower.codec import CONFIG_RECORD
+    from strategies.flower.fleet import PROPERTIES
+
+    # the device's query message answered by stamen's own ClientApp, through Flower's wire encoding
+    grid = InProcessGrid(run_config=RUN, num_clients=1, client_app=client_app)
+    grid.contexts[NODE_BASE] = Context(run_id=1, node_id=NODE_BASE, node_config={"data-dir": str(devices[0])},
+                                       state=RecordDict(), run_config=RUN)  # fmt: skip
+    query = Message(RecordDict({CONFIG_RECORD: ConfigRecord({})}), dst_node_id=NODE_BASE,
+                    message_type=MessageType.QUERY)  # fmt: skip
+    [reply] = grid.send_and_receive([query])
+    assert not reply.has_error(), reply.error.reason
+    assert dict(reply.content.config_records[PROPERTIES])["data-dir"] == str(devices[0])
 
 
 def test_a_cached_folder_loads_without_importing_torchvision(devices, tmp_path):

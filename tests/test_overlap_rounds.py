@@ -1,6 +1,6 @@
 """``overlap-rounds``: round r+1's fit goes out with round r's evaluation, and the run stays the same run.
 
-Runs through the Message API adapter in this process (``app.local.message_grid``), on a
+Runs through the round engine in this process (``app.local.message_grid``), on a
 grid that answers each node's messages in push order, as a deployed SuperNode does.
 Parametrised over ``app.registry.METHODS``: every method's records and final model with
 the overlap equal those without it.
@@ -18,7 +18,7 @@ from helpers import CLIENTS, config_of, message_run, records
 from app.local.message_grid import InProcessGrid
 from app.message_methods import message_strategy
 from app.registry import METHODS
-from strategies.paced_grid import PacedGrid, delivers_in_order
+from strategies.flower.paced_grid import PacedGrid, delivers_in_order
 
 PACE = 0.001  # seconds between pulls: the in-process grid has every reply at once
 
@@ -77,7 +77,7 @@ def test_every_method_gives_the_same_records_and_model_with_and_without_the_over
     apart, together = records(tmp_path, "apart"), records(tmp_path, "overlapped")
     assert [r["round"] for r in together] == [1, 2, 3]
     assert apart == together
-    for one, other in zip(first.strategy.global_model, second.strategy.global_model, strict=True):
+    for one, other in zip(first.method.global_model, second.method.global_model, strict=True):
         np.testing.assert_array_equal(one, other)
 
 
@@ -109,7 +109,7 @@ def test_a_method_whose_next_fit_reads_the_evaluation_is_never_overlapped(tmp_pa
     fedavg = METHODS["fedavg"].strategy
     monkeypatch.setattr(fedavg, "contract", dataclasses.replace(fedavg.contract, overlaps_rounds=False))
     strategy, grid = run(config_of("fedavg", tmp_path, "run", **{"eval-every": 1}))
-    assert strategy.strategy.contract.overlaps_rounds is False
+    assert strategy.method.contract.overlaps_rounds is False
     assert overlapped(grid) == []
 
 

@@ -13,8 +13,6 @@ import numpy as np
 import pytest
 import torch
 from flwr.common import Context, RecordDict
-from flwr.server import Server
-from flwr.server.client_manager import SimpleClientManager
 from helpers import example_copy
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
@@ -27,11 +25,10 @@ from app.config import ConfigError, app_keys, check_on_server, main, parse_setti
 from app.local.simulation import LocalSimulation
 from app.own_parts import OwnParts
 from app.registry import METHODS
-from app.server_app import server_components, server_function
+from app.server_app import server_main
+from app.server_run import run_method
 from clients.app_data import AppDataError, client_data_from, read_client_parts
 from clients.models import MODELS, build_model, card_of, layout_of
-from strategies.flower_api import refuse_plain_server
-from strategies.server import RoundServer
 from tests.conftest import REPO, shared_dataset
 
 EXAMPLE = REPO / "examples" / "own-app"
@@ -228,20 +225,10 @@ def test_a_client_of_the_apps_own_data_and_model_is_built_and_its_data_read_once
 # ------------------------------------------------------------------ the server side
 
 
-def test_a_stamen_strategy_under_flowers_plain_server_is_refused_before_any_message(tmp_path):
-    parts = OwnParts(model=lambda config: TanhNet(), data_name="toy")
-    components = server_components({"results-dir": str(tmp_path), "run-name": "plain"}, parts)
-    strategy = components.server.strategy
-    with pytest.raises(RuntimeError, match="build_server_app"):
-        Server(client_manager=SimpleClientManager(), strategy=strategy)._get_initial_parameters(0, None)
-    refuse_plain_server(components.server)  # stamen's RoundServer closes the rounds: accepted
-    assert isinstance(components.server, RoundServer)
-
-
 def test_the_run_records_the_apps_model_data_and_keys(tmp_path):
     parts = OwnParts(model=lambda config: TanhNet(), data_name="toy-data")
     config = {"strategy": "fedprox", "results-dir": str(tmp_path), "run-name": "own", "dirichlet-alpha": 0.2}
-    server_components(config, parts)
+    run_method(config, parts)
     recorded = json.loads((tmp_path / "own" / "run.json").read_text())["settings"]
     assert (recorded["model"], recorded["dataset"]) == ("TanhNet", "app")
     assert recorded["app"] == {"model": "TanhNet", "model-card": {"smooth": True, "norm": "none", "inputs": "flat"},
@@ -252,7 +239,7 @@ def test_a_refused_run_logs_one_line_first_and_its_summary_says_failed(tmp_path,
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
                       run_config={"lr": -1.0, "results-dir": str(tmp_path), "run-name": "bad"})  # fmt: skip
     with pytest.raises(ConfigError):
-        server_function(OwnParts(allow_app_keys=False))(context)
+        server_main(OwnParts(allow_app_keys=False))(None, context)
     assert "stamen: the run is refused: run config key 'lr': -1.0 is outside (0, inf)" in caplog.text
     summary = json.loads((tmp_path / "bad" / "summary.json").read_text())
     assert (summary["status"], summary["refused"]) == ("failed", True) and "'lr'" in summary["reason"]

@@ -11,7 +11,7 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
-from strategies.paced_grid import PacedGrid
+from strategies.flower.paced_grid import PacedGrid
 
 
 class TimedGrid(Grid):
@@ -105,7 +105,7 @@ def test_threads_waiting_at_once_share_one_pull_loop_and_each_gets_its_own_reply
     grid = TimedGrid({n: 0.3 for n in range(1, nodes + 1)})
     paced = PacedGrid(grid=grid, interval=0.05)
     started = time.monotonic()
-    with ThreadPoolExecutor(max_workers=nodes) as pool:  # the legacy API: a thread and a call per client
+    with ThreadPoolExecutor(max_workers=nodes) as pool:  # a thread and a call per waiting phase
         answers = list(pool.map(lambda n: list(paced.send_and_receive([message_to(n)])), range(1, nodes + 1)))
     waited = time.monotonic() - started
     assert [[r.metadata.src_node_id for r in answer] for answer in answers] == [[n] for n in range(1, nodes + 1)]
@@ -128,7 +128,7 @@ def test_the_wrapped_grid_answers_everything_else():
 def test_only_flowers_polling_grids_are_paced(caplog):
     from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-    from strategies.paced_grid import paced, paced_run
+    from strategies.flower.paced_grid import paced, paced_run
 
     class Factory:
         def state(self):

@@ -15,11 +15,11 @@ import pytest
 from conftest import REPO
 
 # every part of a strategy, each a member handed its inputs: none may read an attribute it does not define
-MEMBERS = [("flower_api.py", "FlowerRounds"), ("global_model.py", "GlobalModel"), ("run_watch.py", "RunWatch"),
+MEMBERS = [("rounds/phases.py", "RoundPhases"), ("global_model.py", "GlobalModel"), ("run_watch.py", "RunWatch"),
            ("run_checkpoints.py", "RunCheckpoints"), ("reply_screen.py", "ReplyScreen"),
            ("update_screen.py", "UpdateNormScreen"), ("divergence.py", "DivergenceWatch"),
            ("nodes.py", "NodeDirectory"), ("tuner.py", "FathomTuner"),
-           ("message_strategy.py", "MessageStrategy")]  # the Message API adapter: a member over the strategy
+           ("flower/rounds.py", "Rounds")]  # the round engine: it holds the method and reads it through its handle
 
 
 def reads_not_defined(file: str, name: str, source: str | None = None) -> set[str]:

@@ -11,10 +11,22 @@ from typing import ClassVar
 import numpy as np
 import pytest
 import torch
-from conftest import OK, FakeProxy
-from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server.client_manager import SimpleClientManager
-from helpers import MLP_NAMES, TOYP, ToyPersonal, ToyPersonalSettings, mlp, toy_client, toy_settings
+from conftest import FakeFleet, FakeNode
+from helpers import (
+    MLP_NAMES,
+    TOYP,
+    ToyPersonal,
+    ToyPersonalSettings,
+    aggregate_fit,
+    configure_fit,
+    mlp,
+    received,
+    replied_arrays,
+    sent_arrays,
+    start_run,
+    toy_client,
+    toy_settings,
+)
 
 from app.config import check_model, parse_settings
 from app.registry import CONTRACTS
@@ -67,24 +79,20 @@ def test_a_method_may_check_its_keys_against_the_models_shapes():
 def test_the_server_sends_and_averages_the_shared_arrays_and_keeps_the_rest():
     start = [v.detach().numpy() for v in mlp().state_dict().values()]
     with pytest.raises(TypeError, match="needs the model's layout to find them"):
-        ToyPersonal(settings=toy_settings(), initial_parameters=ndarrays_to_parameters(start))
-    strategy = ToyPersonal(settings=toy_settings(), initial_parameters=ndarrays_to_parameters(start),
-                           layout=MLP_NAMES)  # fmt: skip
-    manager = SimpleClientManager()
-    proxies = [FakeProxy(str(i)) for i in range(2)]
-    for proxy in proxies:
-        manager.register(proxy)
-    strategy.initialize_parameters(manager)
-    fits = strategy.configure_fit(1, strategy.global_parameters, manager)
+        ToyPersonal(settings=toy_settings(), initial_model=start)
+    strategy = ToyPersonal(settings=toy_settings(), initial_model=start, layout=MLP_NAMES)
+    fleet = FakeFleet(*(FakeNode(str(i)) for i in range(2)))
+    start_run(strategy, fleet)
+    fits = configure_fit(strategy, 1, fleet)
     results = []
-    for proxy, ins in fits:
-        sent = parameters_to_ndarrays(ins.parameters)
+    for ins in fits:
+        sent = sent_arrays(ins)
         assert ins.config["payload"] == "model:4" and [a.shape for a in sent] == [a.shape for a in start[:4]]
-        arrays, n, metrics = toy_client(partition=proxy.partition).fit(sent, ins.config)
+        arrays, n, metrics = toy_client(partition=fleet.nodes[ins.node].partition).fit(sent, dict(ins.config))
         assert metrics["payload"] == "model:4" and len(arrays) == 4  # the head never leaves the client
-        results.append((proxy, FitRes(OK, ndarrays_to_parameters(arrays), n, metrics)))
-    replied = [parameters_to_ndarrays(res.parameters) for _, res in results]
-    strategy.aggregate_fit(1, results, [])
+        results.append(received(ins.node, arrays, n, metrics))
+    replied = [replied_arrays(res) for res in results]
+    aggregate_fit(strategy, 1, results)
     for i in range(4):
         np.testing.assert_allclose(strategy.global_model[i], (replied[0][i] + replied[1][i]) / 2, rtol=1e-6)
     for i in (4, 5):  # the server's head is the initial one: nobody sent another

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import regression_data, settings
-from flwr.common import parameters_to_ndarrays
+from helpers import aggregate_fit, answers, configure_evaluate, configure_fit, fleet_of, replied_arrays
 
 from app.local.inprocess import InProcessRun
 from clients.models import build_model
@@ -54,13 +54,13 @@ def test_evaluation_tests_the_personal_model_beside_the_one_received():
 def test_the_server_steps_beta_towards_the_average():
     run = InProcessRun(run_config={"strategy": "pfedme", "pfedme-beta": 2.0, "fraction-fit": 0.5,
                                    "min-available-clients": 4, "local-steps": 2}, num_clients=4)  # fmt: skip
-    strategy = run.strategy
+    strategy, fleet = run.strategy, fleet_of(run)
     before = [a.copy() for a in strategy.global_model]
-    results = [(p, p.fit(ins, None, None)) for p, ins in strategy.configure_fit(1, run.parameters, run.manager)]
-    replies = [parameters_to_ndarrays(res.parameters) for _, res in results]
-    strategy.aggregate_fit(1, results, [])
+    results, failures = answers(fleet, configure_fit(strategy, 1, fleet))
+    assert failures == []
+    replies = [replied_arrays(res) for res in results]
+    aggregate_fit(strategy, 1, results)
     for i, got in enumerate(strategy.global_model):  # w + beta (mean(w_k) - w), beta = 2: past the average
         mean = np.mean([r[i].astype(np.float64) for r in replies], axis=0)
         np.testing.assert_allclose(got, before[i] + 2.0 * (mean - before[i]), rtol=1e-5, atol=1e-7)
-    assert all(ins.config["adapt-steps"] == 0 for _, ins in strategy.configure_evaluate(10, run.parameters,
-                                                                                       run.manager))  # fmt: skip
+    assert all(ins.config["adapt-steps"] == 0 for ins in configure_evaluate(strategy, 10, fleet))

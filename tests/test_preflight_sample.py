@@ -13,14 +13,9 @@ import logging
 import numpy as np
 import pytest
 from conftest import settings
-from flwr.common import parameters_to_ndarrays
-from flwr.server.client_manager import SimpleClientManager
 
-from app.local.inprocess import InProcessProxy
+from app.local.inprocess import InProcessRun
 from app.registry import METHODS
-from app.server_run import build_strategy
-from clients.models import build_model
-from datasets import load_client_data
 
 NODES, ROUNDS = 12, 3
 
@@ -29,27 +24,16 @@ def run(method: str, sample: int, **overrides) -> tuple[list[np.ndarray], list[f
     config = {**METHODS[method].contract.example, "fraction_fit": 0.34, "fraction_evaluate": 0.5, "eval_every": 1,
               "min_available_clients": NODES, "preflight_sample": sample, "num_server_rounds": ROUNDS, **overrides}
     run_settings = settings(**{k.replace("-", "_"): v for k, v in config.items()})
-    spec, split = run_settings.data_spec(NODES), run_settings.partition_spec(NODES)
-    manager = SimpleClientManager()
-    for partition in range(NODES):
-        data = load_client_data(spec, split, partition)
-        model = build_model(run_settings.training.model, input_shape=tuple(data.train_x.shape[1:]),
-                            num_classes=data.num_classes, seed=run_settings.run.seed)  # fmt: skip
-        client = METHODS[method].client(model=model, data=data, settings=run_settings, partition_id=partition,
-                                        num_partitions=NODES,
-                                        reload=lambda p, spec=spec, split=split: load_client_data(spec, split, p))
-        manager.register(InProcessProxy(str(100 + NODES - 1 - partition), client))  # sorted ids: partitions reversed
-    strategy = build_strategy(run_settings)
-    parameters = strategy.initialize_parameters(manager)
+    # each partition's client built as the ClientApp builds it; sorted node ids: partitions reversed
+    played = InProcessRun(run_config=run_settings.as_run_config(), num_clients=NODES,
+                          node_ids=[100 + NODES - 1 - partition for partition in range(NODES)])  # fmt: skip
     losses = []
-    for server_round in range(1, ROUNDS + 1):
-        fits = strategy.configure_fit(server_round, parameters, manager)
-        parameters, _ = strategy.aggregate_fit(server_round, [(p, p.fit(ins, None, None)) for p, ins in fits], [])
-        evaluations = strategy.configure_evaluate(server_round, parameters, manager)
-        replies = [(p, p.evaluate(ins, None, None)) for p, ins in evaluations]
-        loss, _ = strategy.aggregate_evaluate(server_round, replies, [])
-        losses.append(loss)
-    return parameters_to_ndarrays(parameters), losses, strategy
+    for _ in range(ROUNDS):
+        played.step()
+        metrics = played.evaluate()
+        losses.append(metrics["loss"] if metrics.get("eval-clients") else None)
+        played.strategy.end_round(played.round)
+    return played.global_model, losses, played.strategy
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

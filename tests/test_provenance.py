@@ -16,9 +16,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 import pytest
-from conftest import REPO, FakeProxy, settings, started_by_this_session
-from flwr.common import GetPropertiesIns, GetPropertiesRes
-from flwr.server.client_manager import SimpleClientManager
+from conftest import REPO, FakeFleet, FakeNode, settings, started_by_this_session
 from helpers import PACKAGES, change_a_function, copy_of_the_code
 
 import app.workdir as workdir
@@ -70,48 +68,41 @@ def test_a_mismatch_names_both_locations_and_an_old_node_is_told_apart():
 # ------------------------------------------------------------------------------ the preflight refuses mixed code
 
 
-class ReportingProxy(FakeProxy):
+class ReportingNode(FakeNode):
     """A node answering with the properties of a real client, its code identity replaced by ``code``."""
 
     def __init__(self, cid: str, *, code: dict | None = None, data_dir: str = "", ray_node: str = "ray-1") -> None:
         super().__init__(cid)
         self.code, self.data_dir, self.ray_node = code, data_dir, ray_node
 
-    def get_properties(self, ins, timeout, group_id):
-        res = super().get_properties(ins, timeout, group_id)
-        res.properties.update({"num-partitions": 4, "data-dir": self.data_dir, "ray-node": self.ray_node})
+    def get_properties(self, config):
+        properties = super().get_properties(config)
+        properties.update({"num-partitions": 4, "data-dir": self.data_dir, "ray-node": self.ray_node})
         if self.code is not None:
-            res.properties.update(self.code)
+            properties.update(self.code)
         if self.code == {}:
-            del res.properties["code-fingerprint"], res.properties["code-location"]
-        return GetPropertiesRes(res.status, res.properties)
-
-
-def manager_of(*proxies: FakeProxy) -> SimpleClientManager:
-    manager = SimpleClientManager()
-    for proxy in proxies:
-        manager.register(proxy)
-    return manager
+            del properties["code-fingerprint"], properties["code-location"]
+        return properties
 
 
 def test_a_simulated_node_running_other_code_stops_the_run_naming_both_locations():
-    manager = manager_of(ReportingProxy("0"), ReportingProxy("1", code=ELSEWHERE), ReportingProxy("2"))
+    fleet = FakeFleet(ReportingNode("0"), ReportingNode("1", code=ELSEWHERE), ReportingNode("2"))
     with pytest.raises(PreflightError) as raised:
-        preflight(NodeDirectory(), manager, {})
+        preflight(NodeDirectory(), fleet, {})
     [line] = raised.value.lines
     assert line.startswith("1 of 3 clients (partition 1): the node runs stamen code from /elsewhere/stamen")
     assert f"but the server runs {REPO} (fingerprint {code_fingerprint()[:12]})" in line
     assert "docs/troubleshooting.md#two-checkouts" in line
-    old = manager_of(ReportingProxy("0", code={}))
+    old = FakeFleet(ReportingNode("0", code={}))
     with pytest.raises(PreflightError, match="runs stamen code older than the server's"):
         preflight(NodeDirectory(), old, {})
 
 
 def test_a_device_running_other_code_is_left_out_and_the_run_goes_on():
-    devices = [ReportingProxy(cid, ray_node="") for cid in ("0", "1")]  # deployed, serving partitions
-    stale = ReportingProxy("9", code=ELSEWHERE, data_dir="/data/device-9", ray_node="")
+    devices = [ReportingNode(cid, ray_node="") for cid in ("0", "1")]  # deployed, serving partitions
+    stale = ReportingNode("9", code=ELSEWHERE, data_dir="/data/device-9", ray_node="")
     nodes = NodeDirectory()
-    left_out = preflight(nodes, manager_of(*devices, stale), {})
+    left_out = preflight(nodes, FakeFleet(*devices, stale), {})
     assert isinstance(left_out, PreflightError) and "/elsewhere/stamen" in left_out.lines[0]
     assert "restart its SuperNode" in left_out.lines[0]
     assert set(nodes.excluded) == {"9"} and set(nodes.properties) == {"0", "1"}
@@ -119,11 +110,11 @@ def test_a_device_running_other_code_is_left_out_and_the_run_goes_on():
 
 def test_without_a_preflight_round_1_finds_mixed_code_and_stops_before_any_training():
     nodes = NodeDirectory()
-    assert set(connected(nodes, manager_of(ReportingProxy("0"), ReportingProxy("1")))) == {0, 1}
+    assert set(connected(nodes, FakeFleet(ReportingNode("0"), ReportingNode("1")))) == {0, 1}
     with pytest.raises(MixedCodeError, match="^stamen: before round 1: 1 of 1 clients .*/elsewhere/stamen"):
-        connected(nodes, manager_of(ReportingProxy("0"), ReportingProxy("1"), ReportingProxy("2", code=ELSEWHERE)))
-    device = ReportingProxy("7", code=ELSEWHERE, ray_node="")  # a deployed node: only it is stale
-    assert set(connected(nodes, manager_of(ReportingProxy("0"), device))) == {0}
+        connected(nodes, FakeFleet(ReportingNode("0"), ReportingNode("1"), ReportingNode("2", code=ELSEWHERE)))
+    device = ReportingNode("7", code=ELSEWHERE, ray_node="")  # a deployed node: only it is stale
+    assert set(connected(nodes, FakeFleet(ReportingNode("0"), device))) == {0}
     assert "7" in nodes.excluded
 
 
@@ -139,7 +130,7 @@ def test_a_real_client_reports_the_code_it_imported_and_a_fingerprint_of_its_dat
     assert {k: first[k] for k in code_identity()} == code_identity()
     assert first["data-fingerprint"] == again["data-fingerprint"] != other["data-fingerprint"]
     nodes = NodeDirectory()
-    nodes.admit([(FakeProxy("3"), first), (FakeProxy("4"), other)])
+    nodes.admit([("3", first), ("4", other)])
     report = nodes.data_report()
     assert [entry["data-fingerprint"] for entry in report] == [first["data-fingerprint"], other["data-fingerprint"]]
     combined = data_provenance(report)
@@ -148,9 +139,13 @@ def test_a_real_client_reports_the_code_it_imported_and_a_fingerprint_of_its_dat
 
 
 def test_a_node_answering_through_flower_reports_its_code():
-    proxy = FakeProxy("1")
-    answer = proxy.get_properties(GetPropertiesIns(config={}), timeout=None, group_id=0).properties
-    assert answer["code-fingerprint"] == code_fingerprint()
+    from app.local.message_grid import NODE_BASE, InProcessGrid
+    from strategies.flower.fleet import GridFleet
+
+    # stamen's ClientApp answering the preflight's query message, through Flower's wire encoding
+    grid = InProcessGrid(run_config=settings(strategy="fedavg", device="cpu").as_run_config(), num_clients=2)
+    [answer] = GridFleet(grid=grid).ask([str(NODE_BASE + 1)], {}, reply_s=30)
+    assert answer["code-fingerprint"] == code_fingerprint() and answer["partition-id"] == 1
 
 
 # ----------------------------------------------------------------------- paths the command alone predicts

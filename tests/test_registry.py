@@ -1,4 +1,4 @@
-"""Every registered method is built from hooks: none overrides the base classes' Flower-facing methods."""
+"""Every registered method is built from hooks: none overrides the base classes' engine-facing methods."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from app.server_run import build_strategy
 from clients.base import TorchClient
 from strategies.base import FederatedStrategy
 
-# what Flower calls, and the base's own screening and message building around it
-STRATEGY_METHODS = ("initialize_parameters", "configure_fit", "aggregate_fit", "configure_evaluate",
-                    "aggregate_evaluate", "evaluate", "screen_fit", "sent_to",
-                    "end_round")  # fmt: skip
+# what the round engine (strategies/flower/rounds.py) calls on the method, and the base's own screening around it;
+# the round's steps themselves are the method's phases (strategies/rounds/phases.py), which call the hooks
+STRATEGY_METHODS = ("end_round", "adopt_model", "resume", "can_overlap", "fail", "screen_fit", "sent_to")
 CLIENT_METHODS = ("fit", "evaluate", "get_parameters", "set_parameters", "get_properties", "receive",
                   "evaluation_reply")  # fmt: skip
 
@@ -22,6 +21,12 @@ def overridden(cls: type, base: type, names: tuple[str, ...]) -> list[str]:
     """The ``names`` that ``cls`` or a class between it and ``base`` defines anew."""
     between = cls.__mro__[: cls.__mro__.index(base)]
     return sorted({name for klass in between for name in vars(klass) if name in names})
+
+
+def test_the_methods_checked_are_the_base_classes_own():
+    # a name the base no longer defines would make the check below pass for nothing
+    assert [n for n in STRATEGY_METHODS if not callable(vars(FederatedStrategy).get(n))] == []
+    assert [n for n in CLIENT_METHODS if not callable(vars(TorchClient).get(n))] == []
 
 
 @pytest.mark.parametrize("name", list(METHODS))

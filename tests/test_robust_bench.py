@@ -1,17 +1,12 @@
 """B10's attacks (bench/robust.py) do what they say, on known updates; the wrapper rewrites what the server receives."""
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.robust import (  # noqa: E402
+from bench.robust import (
     ATTACKS,
     arm,
     attacker_partitions,
@@ -83,7 +78,7 @@ def test_attackers_are_nested_distinct_and_drawn_from_the_seed():
 
 
 class FakeClient:
-    """Replies with ``sent + 1`` and remembers the labels it trained on."""
+    """Replies with ``sent + 1`` (as a stamen client's ``fit``) and remembers the labels it trained on."""
 
     def __init__(self, partition: int) -> None:
         self.partition_id = partition
@@ -91,41 +86,34 @@ class FakeClient:
         self.train_y = torch.tensor([0, 3, 9])
         self.trained_on = None
 
-
-class FakeProxy:
-    def __init__(self, partition: int) -> None:
-        self.client = FakeClient(partition)
-
-    def fit(self, ins, timeout, group_id):
-        self.client.trained_on = self.client.train_y.clone()
-        arrays = [a + 1 for a in parameters_to_ndarrays(ins.parameters)]
-        return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 3, {"payload": "model:1"})
+    def fit(self, parameters, config):
+        self.trained_on = self.train_y.clone()
+        return [a + 1 for a in parameters], 3, {"payload": "model:1"}
 
 
 def fake_run(partitions: int):
-    proxies = {f"node-{p}": FakeProxy(p) for p in range(partitions)}
-    return SimpleNamespace(manager=SimpleNamespace(all=lambda: proxies)), proxies
+    clients = [FakeClient(p) for p in range(partitions)]
+    return SimpleNamespace(clients=clients), clients
 
 
-def instruction():
-    return FitIns(ndarrays_to_parameters([np.array([2.0, 4.0], dtype=np.float32)]),
-                  {"server-round": 1, "payload": "model:1"})  # fmt: skip
+def fit_on(client):
+    """The client's reply to a fit of ``[2, 4]`` in round 1: its arrays."""
+    return client.fit([np.array([2.0, 4.0], dtype=np.float32)], {"server-round": 1, "payload": "model:1"})[0]
 
 
 def test_arm_rewrites_only_the_attackers_encoded_replies():
-    run, proxies = fake_run(3)
+    run, clients = fake_run(3)
     arm(run, [1], ATTACKS["sign-flip"], seed=0)
-    honest = parameters_to_ndarrays(proxies["node-0"].fit(instruction(), None, None).parameters)
-    attacked = parameters_to_ndarrays(proxies["node-1"].fit(instruction(), None, None).parameters)
+    honest, attacked = fit_on(clients[0]), fit_on(clients[1])
     np.testing.assert_array_equal(honest[0], [3.0, 5.0])
     np.testing.assert_array_equal(attacked[0], [2.0 - 5, 4.0 - 5])
 
 
 def test_label_flipping_attacker_trains_on_flipped_labels_and_keeps_its_own():
-    run, proxies = fake_run(2)
+    run, clients = fake_run(2)
     arm(run, [0], ATTACKS["label-flip"], seed=0)
-    reply = parameters_to_ndarrays(proxies["node-0"].fit(instruction(), None, None).parameters)
-    client = proxies["node-0"].client
+    reply = fit_on(clients[0])
+    client = clients[0]
     assert client.trained_on.tolist() == [9, 6, 0]
     assert client.train_y.tolist() == [0, 3, 9]  # restored for its evaluation and the next round
     np.testing.assert_array_equal(reply[0], [3.0, 5.0])  # the model as trained, unaltered

@@ -6,17 +6,24 @@ import logging
 
 import numpy as np
 import pytest
-from conftest import OK, regression_data, settings
-from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
+from conftest import regression_data, settings
+from helpers import aggregate_fit, answers, configure_evaluate, configure_fit, fleet_of, received
 
 from app.local.inprocess import InProcessRun
 from app.server_run import build_strategy
 from clients.models import build_model
 from clients.scaffold import CLIENT_CONTROL, ScaffoldClient
 from clients.state import ClientState
-from strategies.contracts.payload import pack, unpack
+from strategies.contracts.payload import from_bytes, pack, unpack
 
 N, D = 16, 3
+
+
+
+
+def sets_of(reply):
+    """A fit reply's array sets, by name (its arrays unpacked by the layout in its metrics)."""
+    return unpack([from_bytes(t) for t in reply.tensors], reply.metrics["payload"])
 
 
 def client(state=None, **overrides):
@@ -82,18 +89,19 @@ def test_with_zero_controls_the_first_round_is_fedavgs_bit_for_bit():
 def test_the_server_moves_x_by_eta_g_and_c_by_the_sampled_share_of_the_mean_delta(aggregation):
     run = InProcessRun(run_config=run_config("scaffold", **{"scaffold-server-lr": 0.5, "aggregation": aggregation}),
                        num_clients=4)  # fmt: skip
-    strategy = run.strategy
+    strategy, fleet = run.strategy, fleet_of(run)
     before = [a.copy() for a in strategy.global_model]
     control = [c.copy() for c in strategy.control]
-    instructions = strategy.configure_fit(1, run.parameters, run.manager)
+    instructions = configure_fit(strategy, 1, fleet)
     arrays = len(before)
-    assert all(ins.config["payload"] == f"model:{arrays} control:{arrays}" for _, ins in instructions)
-    results = [(proxy, proxy.fit(ins, None, None)) for proxy, ins in instructions]
-    replies = [unpack(parameters_to_ndarrays(res.parameters), res.metrics["payload"]) for _, res in results]
+    assert all(ins.config["payload"] == f"model:{arrays} control:{arrays}" for ins in instructions)
+    results, failures = answers(fleet, instructions)
+    assert failures == []
+    replies = [sets_of(res) for res in results]
     # the perfedavg-paper split of 4 users: 40 examples for users 0 and 1, 12 for users 2 and 3
-    weights = [res.num_examples if aggregation == "examples" else 1 for _, res in results]
+    weights = [res.num_examples if aggregation == "examples" else 1 for res in results]
     assert aggregation == "uniform" or len(set(weights)) == 2
-    strategy.aggregate_fit(1, results, [])
+    aggregate_fit(strategy, 1, results)
     for i in range(arrays):
         mean_y = np.average([r["model"][i].astype(np.float64) for r in replies], axis=0, weights=weights)
         mean_dc = np.average([r["delta-control"][i].astype(np.float64) for r in replies], axis=0, weights=weights)
@@ -105,15 +113,16 @@ def test_the_server_moves_x_by_eta_g_and_c_by_the_sampled_share_of_the_mean_delt
             paper = np.mean([r["delta-control"][i] for r in replies], axis=0, dtype=np.float64).astype(np.float32)
             np.testing.assert_array_equal(strategy.control[i], control[i] + len(replies) / 4 * paper)
     assert len(replies) == 2 and strategy.record["scaffold-control-norm"] > 0
-    evaluations = strategy.configure_evaluate(10, run.parameters, run.manager)
-    assert all(ins.config["payload"] == f"model:{arrays}" for _, ins in evaluations)  # c goes with fits only
+    evaluations = configure_evaluate(strategy, 10, fleet)
+    assert all(ins.config["payload"] == f"model:{arrays}" for ins in evaluations)  # c goes with fits only
 
 
 def test_a_reply_without_a_good_delta_control_is_rejected_naming_it_and_the_run_goes_on(caplog):
     run = InProcessRun(run_config=run_config("scaffold", **{"fraction-fit": 1.0}), num_clients=4)
-    strategy = run.strategy
-    instructions = strategy.configure_fit(1, run.parameters, run.manager)
-    results = [(proxy, proxy.fit(ins, None, None)) for proxy, ins in instructions]
+    strategy, fleet = run.strategy, fleet_of(run)
+    results, failures = answers(fleet, configure_fit(strategy, 1, fleet))
+    assert failures == []
+
     def without(sets):
         return {"model": sets["model"]}
 
@@ -125,13 +134,12 @@ def test_a_reply_without_a_good_delta_control_is_rejected_naming_it_and_the_run_
 
     tampered = {1: without, 2: misshapen, 3: with_nan}
     for partition, change in tampered.items():
-        proxy, res = results[partition]
-        arrays, layout = pack(change(unpack(parameters_to_ndarrays(res.parameters), res.metrics["payload"])))
-        results[partition] = (proxy, FitRes(OK, ndarrays_to_parameters(arrays), res.num_examples,
-                                            {**res.metrics, "payload": layout}))  # fmt: skip
+        res = results[partition]
+        arrays, layout = pack(change(sets_of(res)))
+        results[partition] = received(res.node, arrays, res.num_examples, {**res.metrics, "payload": layout})
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        parameters, _ = strategy.aggregate_fit(1, results, [])
-    assert parameters is not None and strategy.record["clients-succeeded"] == 1  # partition 0's reply was used
+        model, _ = aggregate_fit(strategy, 1, results)
+    assert model is not None and strategy.record["clients-succeeded"] == 1  # partition 0's reply was used
     lines = [r.getMessage() for r in caplog.records if "rejected fit reply" in r.getMessage()]
     for partition, problem in ((1, "is missing"), (2, "shape"), (3, "non-finite")):
         assert any(f"partition {partition} " in line and "scaffold array set 'delta-control'" in line

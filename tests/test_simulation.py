@@ -23,12 +23,13 @@ from selection import TRANSPORT_METHODS, selected_runs
 
 from app.local.simulation import LocalSimulation
 from app.registry import METHODS
+from bench import method_records
 from strategies.contracts.code import code_fingerprint
 from strategies.contracts.personal import WholeModel
 
 pytestmark = pytest.mark.e2e
 ROUNDS, CLIENTS = 2, 4
-LEGACY = "legacy"  # the api value of Flower's legacy path
+KEPT = "kept"  # the run made with bench/method_records.py's config, compared with the records kept there
 AHEAD = 3  # runs submitted ahead on the one SuperLink (LocalSimulation.run_many)
 # the runs each test reads besides the methods' own (``-k fedbn`` makes FedBN's run alone)
 RUNS_READ = {"test_the_results_say_which_code_data_and_versions_made_them": ["fedavg"]}
@@ -45,9 +46,8 @@ def finished_runs(tmp_path_factory, request):
     configs = {name: {**config, **METHODS[name].contract.example, "run-name": name} for name in TRANSPORT_METHODS}
     wanted = selected_runs(request, "name", RUNS_READ)
     configs = {name: config for name, config in configs.items() if name in wanted}
-    # each also on Flower's other API (the default is the Message API): the two must write the same records
-    configs |= {f"{name}-{LEGACY}": {**config, "api": LEGACY, "run-name": f"{name}-{LEGACY}"}
-                for name, config in configs.items()}  # fmt: skip
+    # each also as bench/method_records.py runs it: its records and model must be those kept before issue 69
+    configs |= {f"{name}-{KEPT}": method_records.run_config(name, results, f"{name}-{KEPT}") for name in list(configs)}
     with LocalSimulation(app_dir=REPO, workdir=REPO) as sim:  # a SuperLink started in the checkout, as by `flwr run .`
         outcomes = sim.run_many(configs, num_supernodes=CLIENTS, ahead=AHEAD, timeout_s=300)
         marker = str(sim.home)
@@ -81,16 +81,12 @@ def test_every_method_runs_its_example_and_records_every_round(finished_runs, na
 
 
 @pytest.mark.parametrize("name", TRANSPORT_METHODS)
-def test_both_flower_apis_write_the_same_records(finished_runs, name):
-    (message, message_dir), (legacy, legacy_dir) = finished_runs[0][name], finished_runs[0][f"{name}-{LEGACY}"]
-    assert message.ok and legacy.ok, f"{message.status} / {legacy.status}\n{legacy.log_tail}"
-    assert json.loads((message_dir / "summary.json").read_text())["settings"]["api"] == "message"
-
-    def timeless(run_dir):  # what the clock decides differs run to run
-        return [{k: v for k, v in r.items() if "seconds" not in k and not k.endswith("-unix")}
-                for r in records(run_dir)]
-
-    assert timeless(message_dir) == timeless(legacy_dir)
+def test_flwr_run_writes_the_records_and_model_kept_before_the_engine_changed(finished_runs, name):
+    outcome, run_dir = finished_runs[0][f"{name}-{KEPT}"]
+    assert outcome.ok, f"{outcome.status}\n{outcome.log_tail}"
+    kept = json.loads(method_records.RECORDS.read_text())["flwr-run"][name]
+    problems = method_records.differences(kept, method_records.kept(run_dir), name)
+    assert not problems, problems[:5]
 
 
 def test_run_leaves_no_process(finished_runs):

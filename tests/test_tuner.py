@@ -14,9 +14,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import OK, FakeProxy, settings
-from flwr.common import FitRes, ndarrays_to_parameters
-from flwr.server.client_manager import SimpleClientManager
+from conftest import FakeFleet, FakeNode, settings
+from helpers import aggregate_fit, configure_evaluate, configure_fit, received
 
 from app.config import ConfigError, ignored_keys, parse_settings, tuned_keys
 from app.local.inprocess import InProcessRun
@@ -95,41 +94,38 @@ def test_the_tuners_keys_are_not_reported_as_unused():
 
 
 def strategy_with_clients(run, count):
-    """A Per-FedAvg strategy from a zero model, and a client manager holding ``count`` stand-in nodes."""
-    strategy = PerFedAvg(settings=run, initial_parameters=ndarrays_to_parameters(zero_model()))
-    manager = SimpleClientManager()
-    proxies = [FakeProxy(str(i)) for i in range(count)]
-    for proxy in proxies:
-        manager.register(proxy)
-    return strategy, manager, proxies
+    """A Per-FedAvg strategy from a zero model, and a fleet of ``count`` stand-in nodes: (strategy, fleet, nodes)."""
+    strategy = PerFedAvg(settings=run, initial_model=zero_model())
+    nodes = [FakeNode(str(i)) for i in range(count)]
+    return strategy, FakeFleet(*nodes), nodes
 
 
 def zero_model():
     return [np.zeros(s, np.float32) for s in SHAPES]
 
 
-def fit_res(value, phi, examples=10):
+def fit_res(node, value, phi, examples=10):
+    """``node``'s fit reply: every array ``value``, with ``phi``."""
     arrays = [np.full(s, value, np.float32) for s in SHAPES]
-    return FitRes(OK, ndarrays_to_parameters(arrays), examples, {"phi": phi, "train-loss": 1.0})
+    return received(node, arrays, examples, {"phi": phi, "train-loss": 1.0})
 
 
 def test_tuned_per_fedavg_broadcasts_beta_moves_it_by_fathoms_rule_and_rejects_replies_without_phi():
     run = tuned_perfedavg(**{"fathom-gamma-lr": 0.5, "fathom-safe-ascent": 0.0})  # FATHOM's own rule
-    strategy, manager, proxies = strategy_with_clients(run, 3)
-    (_, first), *_ = strategy.configure_fit(1, strategy.global_parameters, manager)
+    strategy, fleet, nodes = strategy_with_clients(run, 3)
+    first, *_ = configure_fit(strategy, 1, fleet)
     assert first.config["perfedavg-beta"] == 0.05 and first.config["local-steps"] == 4.0
     assert first.config["batch-size"] == 8.0 and first.config["perfedavg-alpha"] == run.method.alpha
 
     # round 1: two replies average to 1 everywhere (uniform aggregation), one lacks phi
-    no_phi = FitRes(OK, ndarrays_to_parameters([np.full(s, 9.0, np.float32) for s in SHAPES]), 10, {})
-    _, metrics = strategy.aggregate_fit(1, [(proxies[0], fit_res(0.5, 0.2)), (proxies[1], fit_res(1.5, 0.6)),
-                                            (proxies[2], no_phi)], [])  # fmt: skip
+    no_phi = received(nodes[2], [np.full(s, 9.0, np.float32) for s in SHAPES], 10, {})
+    _, metrics = aggregate_fit(strategy, 1, [fit_res(nodes[0], 0.5, 0.2), fit_res(nodes[1], 1.5, 0.6), no_phi])
     assert strategy.record["clients-rejected"] == 1
     assert metrics["H"] == 0.0 and metrics["G"] == pytest.approx(-0.4) and metrics["phi-mean"] == pytest.approx(0.4)
     strategy.end_round(1)
     # round 2: the global model moves back by half; H = -cos(update, smoothed) = 1 with the update reversed
-    strategy.configure_fit(2, strategy.global_parameters, manager)
-    _, metrics = strategy.aggregate_fit(2, [(proxies[0], fit_res(0.5, 1.0)), (proxies[1], fit_res(0.5, 1.0))], [])
+    configure_fit(strategy, 2, fleet)
+    _, metrics = aggregate_fit(strategy, 2, [fit_res(nodes[0], 0.5, 1.0), fit_res(nodes[1], 0.5, 1.0)])
     assert metrics["H"] == pytest.approx(1.0)
     tuner = run.tuner
     beta = 0.05 * math.exp(-0.5 * 0.0)  # round 1: H = 0
@@ -145,7 +141,7 @@ def test_tuned_per_fedavg_broadcasts_beta_moves_it_by_fathoms_rule_and_rejects_r
 
     # a checkpoint keeps the tuner; a resumed strategy broadcasts the same values
     checkpoint = strategy.checkpoint(2)
-    again = PerFedAvg(settings=run, initial_parameters=ndarrays_to_parameters(zero_model()))
+    again = PerFedAvg(settings=run, initial_model=zero_model())
     again.resume(checkpoint)
     assert again.fit_config(3) == values
 
@@ -154,12 +150,12 @@ def test_a_tuner_moving_alpha_evaluates_with_the_alpha_in_force_and_records_it()
     run = tuned_perfedavg(**{"fathom-step": "perfedavg-alpha", "perfedavg-alpha": 0.01, "fathom-gamma-lr": 0.5,
                              "eval-every": 1})  # fmt: skip
     assert tuned_keys(run)["step"] == "perfedavg-alpha"
-    strategy, manager, proxies = strategy_with_clients(run, 2)
+    strategy, fleet, nodes = strategy_with_clients(run, 2)
     for server_round, value in ((1, 1.0), (2, 0.5)):  # round 2 reverses round 1: H = 1, alpha falls
-        (_, ins), *_ = strategy.configure_fit(server_round, strategy.global_parameters, manager)
+        ins, *_ = configure_fit(strategy, server_round, fleet)
         assert ins.config["perfedavg-beta"] == run.method.beta  # beta is held
-        strategy.aggregate_fit(server_round, [(p, fit_res(value, 0.5)) for p in proxies], [])
-        (_, evaluation), *_ = strategy.configure_evaluate(server_round, strategy.global_parameters, manager)
+        aggregate_fit(strategy, server_round, [fit_res(n, value, 0.5) for n in nodes])
+        evaluation, *_ = configure_evaluate(strategy, server_round, fleet)
         assert evaluation.config["adapt-lr"] == strategy.tuner.values()["perfedavg-alpha"]
         assert strategy.record["eval-adapt-lr"] == evaluation.config["adapt-lr"]
         strategy.end_round(server_round)
@@ -282,19 +278,19 @@ def test_a_start_probe_hands_its_choice_to_the_tuner_and_the_gate_and_decays_fol
 def test_a_probe_round_sends_each_slot_its_step_and_the_model_takes_the_middle_slot_alone():
     run = tuned_perfedavg(**{"fathom-probe-rounds": 1, "fathom-probe-points": 3, "fathom-probe-factor": 2.0,
                              "fraction-fit": 1.0})  # fmt: skip
-    strategy, manager, proxies = strategy_with_clients(run, 3)
-    instructions = strategy.configure_fit(1, strategy.global_parameters, manager)
-    betas = {int(ins.config["partition-id"]): ins.config["perfedavg-beta"] for _, ins in instructions}
+    strategy, fleet, nodes = strategy_with_clients(run, 3)
+    instructions = configure_fit(strategy, 1, fleet)
+    betas = {int(ins.config["partition-id"]): ins.config["perfedavg-beta"] for ins in instructions}
     chosen = strategy.record["fit-partitions"]  # in sampling order: slots 1, 2, 0 in round 1
     assert [betas[p] for p in chosen] == pytest.approx([0.05, 0.1, 0.025])
     assert strategy.record["hp-perfedavg-beta"] == 0.05  # the record keeps the value in force
-    by_partition = {proxy.partition: proxy for proxy in proxies}
+    by_partition = {node.partition: node for node in nodes}
     # the middle slot (beta 0.05) replies 1.0; the others 7.0 and 9.0; only the middle reaches the model
     values = {chosen[0]: (1.0, 3.0), chosen[1]: (7.0, 2.0), chosen[2]: (9.0, 3.9)}
-    results = [(by_partition[p], FitRes(OK, ndarrays_to_parameters([np.full(s, v, np.float32) for s in SHAPES]), 10,
-                                        {"phi": 0.0, "train-loss": loss, "start-loss": 4.0, "partition-id": p}))
+    results = [received(by_partition[p], [np.full(s, v, np.float32) for s in SHAPES], 10,
+                        {"phi": 0.0, "train-loss": loss, "start-loss": 4.0, "partition-id": p})
                for p, (v, loss) in values.items()]  # fmt: skip
-    _, metrics = strategy.aggregate_fit(1, results, [])
+    _, metrics = aggregate_fit(strategy, 1, results)
     assert all(np.all(a == 1.0) for a in strategy.global_model)
     # rho: 0.75 (middle), 0.5 (x2), 0.975 (x0.5): the tuner starts from beta 0.1
     assert metrics["probe-factor"] == 2.0 and metrics["probe-rho"] == pytest.approx(0.5)

@@ -1,4 +1,4 @@
-"""B4's floor: stamen's ClientApp with the training taken out (the message path alone), on both of Flower's APIs.
+"""B4's floor: stamen's ClientApp with the training taken out (the message path alone).
 
 Each message builds stamen's real client (settings, data, model, as every message
 does); ``fit`` returns the received parameters at once. A run of this app through
@@ -8,11 +8,11 @@ and serialisation, plus stamen's per-message set-up and its strategy.
 
 from __future__ import annotations
 
-from flwr.client import Client, NumPyClient
+from flwr.client import NumPyClient
 from flwr.common import Context
 
 from app.client_app import node_client
-from app.message_client import serving_both
+from app.message_client import serving
 from app.own_parts import OwnParts
 
 
@@ -26,8 +26,4 @@ def null_client(context: Context) -> NumPyClient:
     return inner
 
 
-def client_fn(context: Context) -> Client:
-    return null_client(context).to_client()
-
-
-app = serving_both(client_fn)
+app = serving(null_client)
