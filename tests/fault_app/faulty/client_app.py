@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
-from flwr.client import Client
+from flwr.client import NumPyClient
 from flwr.common import Context
 
 from app.client_app import client_fn as stamen_client_fn
-from app.message_client import serving_both
+from app.message_client import serving
 
 
-def client_fn(context: Context) -> Client:
-    client = stamen_client_fn(context)  # Flower's Client wrapping stamen's NumPyClient
-    honest_fit = client.numpy_client.fit
+def client_fn(context: Context) -> NumPyClient:
+    client = stamen_client_fn(context)  # stamen's NumPyClient for this node
+    honest_fit = client.fit
     partition = int(context.node_config["partition-id"])
 
     def nan_fit(parameters, config):
@@ -23,10 +23,10 @@ def client_fn(context: Context) -> Client:
         raise RuntimeError("this client crashed on purpose")
 
     if partition == 0:
-        client.numpy_client.fit = nan_fit
+        client.fit = nan_fit
     elif partition == 1:
-        client.numpy_client.fit = crashing_fit
+        client.fit = crashing_fit
     return client
 
 
-app = serving_both(client_fn)  # both of Flower's APIs, as stamen's own ClientApp
+app = serving(client_fn)  # train, evaluate and query handlers, as stamen's own ClientApp

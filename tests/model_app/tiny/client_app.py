@@ -5,16 +5,16 @@ reference to the module that defines its ``client_fn``, so that worker imports t
 and so ``tiny.model``, before it builds a client.
 """
 
-from flwr.client import Client
+from flwr.client import NumPyClient
 from flwr.common import Context
 
 import tiny.model  # noqa: F401  (registers tiny-net)
 from app.client_app import client_fn as stamen_client_fn
-from app.message_client import serving_both
+from app.message_client import serving
 
 
-def client_fn(context: Context) -> Client:
+def client_fn(context: Context) -> NumPyClient:
     return stamen_client_fn(context)
 
 
-app = serving_both(client_fn)  # both of Flower's APIs, as stamen's own ClientApp
+app = serving(client_fn)  # train, evaluate and query handlers, as stamen's own ClientApp

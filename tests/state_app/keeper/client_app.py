@@ -7,17 +7,17 @@ stored r - 1 counts and, from round 2 on, the model it returned in round r - 1.
 from __future__ import annotations
 
 import numpy as np
-from flwr.client import Client
+from flwr.client import NumPyClient
 from flwr.common import Context
 
 from app.client_app import client_fn as stamen_client_fn
-from app.message_client import serving_both
+from app.message_client import serving
 from clients.state import ClientState
 
 
-def client_fn(context: Context) -> Client:
+def client_fn(context: Context) -> NumPyClient:
     client = stamen_client_fn(context)
-    honest_fit = client.numpy_client.fit
+    honest_fit = client.fit
     state = ClientState(context.state, owner="keeper")
 
     def checked_fit(parameters, config):
@@ -32,8 +32,8 @@ def client_fn(context: Context) -> Client:
         state.set_arrays("returned", arrays)
         return arrays, num_examples, metrics
 
-    client.numpy_client.fit = checked_fit
+    client.fit = checked_fit
     return client
 
 
-app = serving_both(client_fn)  # both of Flower's APIs, as stamen's own ClientApp
+app = serving(client_fn)  # train, evaluate and query handlers, as stamen's own ClientApp
