@@ -35,7 +35,7 @@ INIT = '''"""stamen, installed: Per-FedAvg, FATHOM, diffusion and the other meth
 The public surface (docs/own-app.md) is this package's ``__all__``: the methods by name,
 the settings parser, and ``build_server_app`` / ``build_client_app``, which build a Flower
 ``ServerApp`` and ``ClientApp`` from your own model and data. The names are loaded on
-first use, so ``import stamen.app.device`` stays as light as it was. The rest of stamen is
+first use, so ``import stamen.app.device.console`` stays as light as it was. The rest of stamen is
 importable as ``stamen.strategies``, ``stamen.clients``, ``stamen.datasets`` and
 ``stamen.app``; in a clone the same code sits in the top-level folders (docs/installing.md).
 """

@@ -7,7 +7,7 @@ appends one JSON line per message to ``$STAMEN_PROFILE`` with wall and CPU secon
 
 - ``flower``: process start to the moment stamen's package began loading (interpreter,
   Flower's imports and its connection; the first message of a process only); in a task
-  child of the warm executor (``app/warm_exec.py``), which starts with stamen imported,
+  child of the warm executor (``app/device/warm_exec.py``), which starts with stamen imported,
   the fork to the moment the message reaches stamen (Flower's task code: connection,
   message, FAB);
 - ``imports``: loading ``app.client_app`` (torch and stamen; first message only);

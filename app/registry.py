@@ -20,24 +20,24 @@ from clients.moon import MoonClient
 from clients.perfedavg import PerFedAvgClient
 from clients.pfedme import PFedMeClient
 from clients.scaffold import ScaffoldClient
-from strategies.apfl import Apfl
 from strategies.base import FederatedStrategy
 from strategies.contracts.contract import Contract
 from strategies.contracts.keys import ConfigError
-from strategies.diffusion import Diffusion
-from strategies.ditto import Ditto
-from strategies.fathom import Fathom
-from strategies.fedamp import FedAmp
-from strategies.fedavg import FedAvg
-from strategies.fedbn import FedBN
-from strategies.fedper import FedPer
-from strategies.fedproto import FedProto
-from strategies.fedprox import FedProx
-from strategies.fedrep import FedRep
-from strategies.moon import Moon
-from strategies.perfedavg import PerFedAvg
-from strategies.pfedme import PFedMe
-from strategies.scaffold import Scaffold
+from strategies.methods.apfl import Apfl
+from strategies.methods.diffusion import Diffusion
+from strategies.methods.ditto import Ditto
+from strategies.methods.fathom import Fathom
+from strategies.methods.fedamp import FedAmp
+from strategies.methods.fedavg import FedAvg
+from strategies.methods.fedbn import FedBN
+from strategies.methods.fedper import FedPer
+from strategies.methods.fedproto import FedProto
+from strategies.methods.fedprox import FedProx
+from strategies.methods.fedrep import FedRep
+from strategies.methods.moon import Moon
+from strategies.methods.perfedavg import PerFedAvg
+from strategies.methods.pfedme import PFedMe
+from strategies.methods.scaffold import Scaffold
 
 
 @dataclass(frozen=True)

@@ -16,17 +16,19 @@ from flwr.common.logger import log
 
 from app.config import ConfigError, Settings, check_on_server, ignored_keys, ignored_keys_line
 from app.own_parts import OwnParts
-from app.provenance import run_provenance
 from app.registry import METHODS
-from app.results import ResultWriter
-from app.run_folder import earlier_run_problem, run_directory, write_refusal
+from app.results.provenance import run_provenance
+from app.results.run_folder import earlier_run_problem, run_directory, write_refusal
+from app.results.writer import ResultWriter
 from app.workdir import resolved
 from clients.base import torch_device
 from clients.models import build_model, layout_of, parameter_count
 from clients.training import accuracy_and_loss, to_tensor
 from datasets import dataset_shape, load_source
 from strategies.base import FederatedStrategy
-from strategies.checkpoint import (
+from strategies.contracts.common import DataSettings, ExecutionSettings, RunSettings
+from strategies.contracts.models import ModelLayout
+from strategies.rounds.checkpoint import (
     Checkpoint,
     CheckpointError,
     arrays_of_model,
@@ -34,9 +36,7 @@ from strategies.checkpoint import (
     checkpoint_file,
     load_checkpoint,
 )
-from strategies.contracts.common import DataSettings, ExecutionSettings, RunSettings
-from strategies.contracts.models import ModelLayout
-from strategies.run_checkpoints import resumable_state_problem
+from strategies.rounds.run_checkpoints import resumable_state_problem
 
 
 def central_evaluator(settings: Settings) -> Callable[[list[np.ndarray]], dict[str, float]]:
@@ -129,7 +129,7 @@ def refused(err: Exception, run_config: Mapping[str, object], parts: OwnParts) -
 
     The folder is the one the run would have written to; when the keys naming it are the
     ones refused, there is none, and the log line is all. The record replaces nothing
-    (:func:`app.run_folder.write_refusal`): it is the ``summary.json`` of a new or empty
+    (:func:`app.results.run_folder.write_refusal`): it is the ``summary.json`` of a new or empty
     folder, and ``refused-<timestamp>.json`` beside an earlier run's files.
     """
     reason = " ".join(str(err).split())
@@ -192,7 +192,7 @@ def run_method(run_config: Mapping[str, object],
 
 
 def earlier_run_in_the_way(settings: Settings) -> str | None:
-    """Why a new run may not write to its ``run-name`` folder (:func:`app.run_folder.earlier_run_problem`), or ``None``.
+    """Why a new run may not write to its ``run-name`` folder (``app.results.run_folder.earlier_run_problem``), or None.
 
     Asked before any work, so a run that would mix its files with an earlier run's is
     refused at once; the writer claims the folder atomically later (:class:`ResultWriter`).

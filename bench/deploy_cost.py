@@ -1,7 +1,7 @@
-"""What one message costs a deployed device, cold (Flower's executor) and warm (``app.device``); simulation beside it.
+"""What one message costs a deployed device, cold (Flower's executor) and warm (``stamen-device``), and in a simulation.
 
 A SuperNode with Flower's executor starts a fresh ``flwr-clientapp`` process for every
-message it gets; a warm device (``python -m app.device``, ``app/warm_exec.py``) forks
+message it gets; a warm device (``python -m app.device.console``, ``app/device/warm_exec.py``) forks
 each message's process from one that imported torch, numpy and Flower once. With
 ``STAMEN_PROFILE`` set, stamen's ClientApp appends each message's wall and CPU seconds
 per phase (``app/message_cost.py``): ``flower`` (process start, Flower's imports, the FAB

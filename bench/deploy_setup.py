@@ -56,7 +56,7 @@ def node_cpus(roots: list[int]) -> list[dict[str, float]]:
 
     The SuperNode starts a SuperExec, which starts one ClientApp process per message and
     reaps it: a finished ClientApp's CPU is in the SuperExec's children's time (a warm
-    device: ``app.device`` starts both, and the fork server reaps the ClientApps).
+    device: ``app.device.console`` starts both, and the fork server reaps the ClientApps).
     """
     tick = os.sysconf("SC_CLK_TCK")
     found = []

@@ -23,8 +23,8 @@ from bench.harness import arguments, machine, write_report  # noqa: E402
 from clients.models import build_model, parameter_count  # noqa: E402
 from strategies.contracts.code import code_identity  # noqa: E402
 from strategies.contracts.payload import to_bytes  # noqa: E402
-from strategies.diffusion import Diffusion  # noqa: E402
-from strategies.screening import Received  # noqa: E402
+from strategies.methods.diffusion import Diffusion  # noqa: E402
+from strategies.screening.replies import Received  # noqa: E402
 
 MODELS = (("linear", (10,), 0), ("logreg", (1, 28, 28), 10), ("mlp", (1, 28, 28), 10),
           ("cnn-small", (1, 28, 28), 62), ("cnn", (1, 28, 28), 62))  # fmt: skip

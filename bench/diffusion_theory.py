@@ -50,7 +50,7 @@ from app.local.simulation import LocalSimulation  # noqa: E402
 from bench.harness import RunLog, arguments, interval, local_simulation, read_records, stamp, write_report  # noqa: E402
 from datasets import load_client_data  # noqa: E402
 from datasets.least_squares import least_squares_optimum  # noqa: E402
-from strategies.topology import Network, build_network, expected_matrix, perron_vector  # noqa: E402
+from strategies.methods.topology import Network, build_network, expected_matrix, perron_vector  # noqa: E402
 
 AGENTS, BATCH = 20, 20
 NETWORKS = (("ring", "metropolis"), ("erdos-renyi", "uniform"), ("star", "uniform"))

@@ -16,7 +16,7 @@ round. Three settings of the waits, in one run, alternating:
   next round's fit (``overlap-rounds``).
 
 Devices are ``cold`` (Flower's executor: a fresh process per message) or ``warm``
-(``app.device``). Per round: its wall time (from the previous round's close to its own; the
+(``app.device.console``). Per round: its wall time (from the previous round's close to its own; the
 first round from its fit), its compute
 (per phase, the slowest node's ClientApp wall time from its process start to its reply,
 from ``STAMEN_PROFILE``; fit plus evaluate) and the wait (the rest). Per case: the
@@ -40,7 +40,7 @@ from pathlib import Path
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from app.device import TASK_POLL, TASK_POLL_ENV  # noqa: E402
+from app.device.console import TASK_POLL, TASK_POLL_ENV  # noqa: E402
 from app.local.deployment import LocalDeployment  # noqa: E402
 from app.local.simulation import FINISHED_OK  # noqa: E402
 from bench.deploy_setup import Env, node_cpus, read_profile, settled

@@ -10,7 +10,7 @@ from pathlib import Path
 
 WRITERS, PER_ROUND, MODEL = 105, 10, "cnn-small"
 
-# The tuner's start probe (strategies/start_probe.py): 3 rounds trying lr x 3^k, k = -2..2, before FATHOM's rule
+# The tuner's start probe (strategies/tuning/start_probe.py): 3 rounds trying lr x 3^k, k = -2..2, before FATHOM's rule
 PROBE = {"fathom-probe-rounds": 3}
 
 

@@ -61,7 +61,7 @@ GRID_LR, GRID_BATCH = (0.03, 0.1, 0.3), (16, 64)
 BAD_LR, BAD_BATCH = 0.01, 256
 GRID_SEED = 0  # the FedAvg grid runs once, on this seed, whichever seeds the arms run
 ABOVE_LR = 0.3  # 3x the tuned lr: the FedAvg grid's one failure at batch 16 (0.07 after 120 rounds, seed 0)
-# FATHOM's rule with the stationarity test (strategies/fathom_math.py): the lr halves whenever 5 x 2^k rounds of
+# FATHOM's rule with the stationarity test (strategies/tuning/fathom_math.py): the lr halves whenever 5 x 2^k rounds of
 # H show no progress (issue 26's second attempt, B5's setting), alone and after the start probe
 DECAY = {"fathom-decay-window": 5}
 PROBE_DECAY = PROBE | DECAY

@@ -1,6 +1,6 @@
 """How many honest fit replies the update-norm screen would reject, per ratio: the measurement behind its default.
 
-``max-update-ratio`` (strategies/global_model.py ``screen_update_norms``) drops a fit reply
+``max-update-ratio`` (strategies/rounds/global_model.py ``screen_update_norms``) drops a fit reply
 when, among a round's replies (at least 3), one of three quantities exceeds the ratio
 times that round's median of the same quantity:
 

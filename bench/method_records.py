@@ -64,7 +64,7 @@ def kept(run_dir: Path) -> dict[str, object]:
     """A finished run's records without what the clock decides, and its final model's per-array figures."""
     import numpy as np
 
-    from strategies.checkpoint import arrays_of_model, load_checkpoint
+    from strategies.rounds.checkpoint import arrays_of_model, load_checkpoint
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     records = [{k: v for k, v in row.items() if "seconds" not in k and not k.endswith("-unix")} for row in rows]

@@ -30,7 +30,7 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
 
 from bench.harness import SHARED_DATA, arguments, machine, results_folder, write_report  # noqa: E402
 from bench.personalised_setup import DATASETS, SHARED, tuned_run_config  # noqa: E402
-from strategies.screening import update_norm  # noqa: E402
+from strategies.screening.replies import update_norm  # noqa: E402
 
 DATASET = "femnist"
 LR = 0.1  # B7's shared lr on FEMNIST, where FedAvg + update leaves the plateau

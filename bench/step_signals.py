@@ -39,7 +39,7 @@ from clients.models import build_model  # noqa: E402
 from clients.training import axpy, gradient, model_loss, to_tensor  # noqa: E402
 from datasets.leaf import load_femnist  # noqa: E402
 from strategies.contracts.client_reports import START_LOSS, TRAIN_LOSS  # noqa: E402
-from strategies.start_probe import local_progress  # noqa: E402
+from strategies.tuning.start_probe import local_progress  # noqa: E402
 
 LRS = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 BATCH, PROBED, HELD_OUT, WARM_ROUNDS, PER_ROUND = 16, range(30), range(60, 105), 30, 10

@@ -1,9 +1,9 @@
 """What a warm device costs in memory: its fork server and one task child, shared pages counted once (PSS).
 
-A local deployment of warm devices (``python -m app.device``, the SuperNode beside the warm
+A local deployment of warm devices (``python -m app.device.console``, the SuperNode beside the warm
 SuperExec), each on a partition of the embedded data; while a run trains, every process of
 each device is sampled five times a second from ``/proc/<pid>/smaps_rollup`` and sorted by
-role: the SuperNode, the SuperExec (``app.warm_exec``), its **fork server** (the process
+role: the SuperNode, the SuperExec (``app.device.warm_exec``), its **fork server** (the process
 that imported torch and stamen once) and the **task children** it forks, one per message
 (``stamen-task``). PSS divides each shared page among the processes mapping it, so a task
 child's PSS is what it adds beside its fork server, and the sum over roles is what the
@@ -20,7 +20,7 @@ from pathlib import Path
 if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
     import harness  # noqa: F401
 
-from app.fork_server import TASK_NAME  # noqa: E402
+from app.device.fork_server import TASK_NAME  # noqa: E402
 from app.local.deployment import LocalDeployment  # noqa: E402
 from app.local.simulation import FINISHED_OK  # noqa: E402
 from bench.harness import REPO, arguments, write_report  # noqa: E402
@@ -32,7 +32,7 @@ SAMPLE_EVERY_S = 0.2
 
 
 def role_of(pid: int, root: int, tree: set[int]) -> str:
-    """The role of ``pid`` in the device whose ``app.device`` process is ``root``."""
+    """The role of ``pid`` in the device whose ``app.device.console`` process is ``root``."""
     try:
         comm = Path(f"/proc/{pid}/comm").read_bytes().strip()
         command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")

@@ -31,26 +31,26 @@ from typing import ClassVar
 import numpy as np
 from flwr.common.logger import log
 
-from strategies.aggregation import aggregate
-from strategies.checkpoint import Checkpoint
+from strategies.aggregation.rules import aggregate
 from strategies.contracts.client_reports import EVALUATE_METRICS, FIT_METRICS
 from strategies.contracts.contract import Contract
 from strategies.contracts.fedavg import CONTRACT as FEDAVG
 from strategies.contracts.models import ModelLayout
 from strategies.contracts.payload import Scalar
 from strategies.contracts.settings import MethodSettings, Settings
-from strategies.divergence import DivergenceWatch
-from strategies.global_model import GlobalModel, shared_indices
-from strategies.nodes import NodeDirectory
-from strategies.recorder import NullRecorder, Recorder
-from strategies.reply_screen import ReplyScreen, describe_failure
+from strategies.nodes.directory import NodeDirectory
+from strategies.rounds.checkpoint import Checkpoint
+from strategies.rounds.divergence import DivergenceWatch
+from strategies.rounds.global_model import GlobalModel, shared_indices
 from strategies.rounds.phases import PREFLIGHT_LOG, RoundPhases
-from strategies.run_checkpoints import RunCheckpoints
-from strategies.run_watch import RunDivergedError, RunWatch
-from strategies.sampling import sample_partitions, sample_size
-from strategies.screening import Received, Reply
-from strategies.tuner import PHI_METRIC, FathomTuner
-from strategies.update_screen import UpdateNormScreen
+from strategies.rounds.recorder import NullRecorder, Recorder
+from strategies.rounds.run_checkpoints import RunCheckpoints
+from strategies.rounds.run_watch import RunDivergedError, RunWatch
+from strategies.rounds.sampling import sample_partitions, sample_size
+from strategies.screening.replies import Received, Reply
+from strategies.screening.reply_screen import ReplyScreen, describe_failure
+from strategies.screening.update_screen import UpdateNormScreen
+from strategies.tuning.tuner import PHI_METRIC, FathomTuner
 
 __all__ = ["PREFLIGHT_LOG", "FederatedStrategy", "RunDivergedError", "describe_failure"]
 

@@ -27,11 +27,11 @@ from strategies.contracts.diffusion import DiffusionSettings
 from strategies.contracts.keys import key
 from strategies.contracts.payload import from_bytes, to_bytes
 from strategies.contracts.personal import LastLayers
-from strategies.diffusion import Diffusion
-from strategies.fedavg import FedAvg
-from strategies.recorder import NullRecorder
+from strategies.methods.diffusion import Diffusion
+from strategies.methods.fedavg import FedAvg
 from strategies.rounds.phases import Instruction
-from strategies.screening import Evaluation, Received
+from strategies.rounds.recorder import NullRecorder
+from strategies.screening.replies import Evaluation, Received
 
 # ------------------------------------------------------------------ a two-class MLP on blobs (FedRep, FedPer)
 

@@ -10,11 +10,11 @@ from helpers import K, diffusion_strategy, federation, play_round, settings_for,
 
 from app.config import ConfigError, parse_settings
 from app.local.message_grid import InProcessGrid
-from app.results import ResultWriter
+from app.results.writer import ResultWriter
 from app.server_run import build_strategy, checkpoint_to_resume
-from strategies.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from strategies.flower.rounds import Rounds
-from strategies.recorder import NullRecorder
+from strategies.rounds.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from strategies.rounds.recorder import NullRecorder
 
 
 def sample_checkpoint(round_=3):

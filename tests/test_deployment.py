@@ -8,7 +8,7 @@ module fixture starts at once:
 - ``secure``: TLS and SuperNode authentication, 2 enrolled SuperNodes and one
   whose key nobody registered; the transport methods (tests/selection.py), 2 rounds each with one
   node training a round, submitted together. Its SuperNodes are warm devices
-  (``python -m app.device``, docs/deployment.md): each message forks a process
+  (``python -m app.device.console``, docs/deployment.md): each message forks a process
   that has torch imported already, which took this scenario from 428 s to 222 s
   on 2 cores (the latter beside two other jobs); ``tests/test_warm_device.py`` shows
   that a warm device gives the cold path's results.

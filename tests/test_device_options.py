@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.device import TASK_POLL, TASK_POLL_ENV, device_environment, main
+from app.device.console import TASK_POLL, TASK_POLL_ENV, device_environment, main
 
 
 def test_the_device_sets_flowers_task_poll_unless_the_environment_does():

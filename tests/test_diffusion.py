@@ -20,8 +20,8 @@ from helpers import diffusion_strategy as make_strategy
 
 from app.config import ConfigError, check_on_server
 from datasets.least_squares import least_squares_optimum
-from strategies.combinations import combination_matrix
-from strategies.graphs import make_graph
+from strategies.methods.combinations import combination_matrix
+from strategies.methods.graphs import make_graph
 
 
 def gradient(part, w):

@@ -11,9 +11,9 @@ from helpers import aggregate_fit, arrays, configure_fit, fit_res, stand_in_feda
 
 from app.local.inprocess import served_run
 from strategies.base import RunDivergedError
-from strategies.divergence import DivergenceWatch, round_is_nonfinite
-from strategies.perfedavg import PerFedAvg
-from strategies.screening import outsized, update_norm
+from strategies.methods.perfedavg import PerFedAvg
+from strategies.rounds.divergence import DivergenceWatch, round_is_nonfinite
+from strategies.screening.replies import outsized, update_norm
 
 
 def play_round(strategy, fleet, nodes, server_round, value):

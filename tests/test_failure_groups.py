@@ -8,10 +8,10 @@ import pytest
 from conftest import FakeFleet, FakeNode, settings
 from helpers import aggregate_fit, configure_fit, start_run
 
-from strategies.failures import cause_of, group_by_cause
-from strategies.fedavg import FedAvg
-from strategies.node_failures import REPLY_S, no_reply, reply_seconds
-from strategies.preflight import PreflightError
+from strategies.methods.fedavg import FedAvg
+from strategies.nodes.failure_groups import cause_of, group_by_cause
+from strategies.nodes.failures import REPLY_S, no_reply, reply_seconds
+from strategies.nodes.preflight import PreflightError
 
 FLOWER = ("Message contains an Error (reason: <class 'flwr.common.ConfigError'>:<'run config key 'device': cuda is not "
           "available on node {node}'>). It originated during client-side execution of a message.")

@@ -23,12 +23,12 @@ from app.message_client import serving
 from clients.base import torch_device
 from datasets import DataUnavailableError
 from datasets.leaf import load_femnist
-from strategies.combinations import combination_matrix
-from strategies.failures import ranges
-from strategies.fedavg import FedAvg
 from strategies.flower.rounds import Rounds
-from strategies.graphs import make_graph
-from strategies.recorder import NullRecorder
+from strategies.methods.combinations import combination_matrix
+from strategies.methods.fedavg import FedAvg
+from strategies.methods.graphs import make_graph
+from strategies.nodes.failure_groups import ranges
+from strategies.rounds.recorder import NullRecorder
 
 CUDA = "run config key 'device': 'cuda' was asked for but torch sees no CUDA device"
 

@@ -16,9 +16,9 @@ from clients.models import build_model
 from clients.training import batch_indices
 from datasets import ClientData
 from strategies.contracts.fathom import CONTRACT, FathomSettings
-from strategies.fathom import Fathom
-from strategies.fathom_math import FathomState, RoundAggregate, cosine, fathom_update
-from strategies.screening import metrics_problem
+from strategies.methods.fathom import Fathom
+from strategies.screening.replies import metrics_problem
+from strategies.tuning.fathom_math import FathomState, RoundAggregate, cosine, fathom_update
 
 # FATHOM's published update: safe ascent, the guard stamen puts over it by default, has its own tests
 # (tests/test_fathom_safe_ascent.py); these give no loss, which safe ascent reads as no progress

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from strategies.contracts.fathom import FathomSettings
-from strategies.fathom_math import FathomState, RoundAggregate, fathom_update, gate_open, stationary
-from strategies.screening import Reply
-from strategies.tuner import FathomTuner, mean_start_loss
+from strategies.screening.replies import Reply
+from strategies.tuning.fathom_math import FathomState, RoundAggregate, fathom_update, gate_open, stationary
+from strategies.tuning.tuner import FathomTuner, mean_start_loss
 
 
 @pytest.mark.parametrize(

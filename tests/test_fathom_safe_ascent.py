@@ -12,9 +12,17 @@ import numpy as np
 import pytest
 
 from strategies.contracts.fathom import FathomSettings
-from strategies.fathom_math import FathomState, RoundAggregate, fathom_update, fell_back, held, jumped, new_lowest
-from strategies.screening import Reply
-from strategies.tuner import FathomTuner
+from strategies.screening.replies import Reply
+from strategies.tuning.fathom_math import (
+    FathomState,
+    RoundAggregate,
+    fathom_update,
+    fell_back,
+    held,
+    jumped,
+    new_lowest,
+)
+from strategies.tuning.tuner import FathomTuner
 
 AGREE = [(1.0, 0.0)] * 6  # every update along the last: H = -1 from round 2, so lr rises by exp(gamma) a round
 

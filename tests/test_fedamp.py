@@ -13,7 +13,7 @@ from app.local.inprocess import InProcessRun
 from clients.fedamp import FedAmpClient
 from clients.models import build_model
 from strategies.contracts.payload import from_bytes
-from strategies.fedamp_math import attention_row, worst_self_weight
+from strategies.methods.fedamp_math import attention_row, worst_self_weight
 
 MODELS = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
 

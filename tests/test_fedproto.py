@@ -26,7 +26,7 @@ from clients.fedproto import FedProtoClient
 from clients.models import build_model, layout_of
 from strategies.contracts.fedproto import prototype_shape
 from strategies.contracts.models import ModelLayout
-from strategies.fedproto import global_prototypes
+from strategies.methods.fedproto import global_prototypes
 
 
 def test_the_server_averages_each_classes_prototypes_by_its_example_counts():

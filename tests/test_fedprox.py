@@ -7,7 +7,7 @@ from conftest import regression_data, settings
 from clients.fedavg import FedAvgClient
 from clients.fedprox import FedProxClient
 from clients.models import build_model
-from strategies.fedprox import FedProx
+from strategies.methods.fedprox import FedProx
 
 N, D = 16, 3
 

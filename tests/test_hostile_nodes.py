@@ -15,11 +15,11 @@ import pytest
 from conftest import FakeFleet, FakeNode, settings
 from helpers import start_run
 
-import strategies.nodes as nodes_module
-from strategies.fedavg import FedAvg
-from strategies.node_data import data_lines
-from strategies.nodes import NodeDirectory
-from strategies.preflight import PreflightError, connected, preflight
+import strategies.nodes.directory as nodes_module
+from strategies.methods.fedavg import FedAvg
+from strategies.nodes.data import data_lines
+from strategies.nodes.directory import NodeDirectory
+from strategies.nodes.preflight import PreflightError, connected, preflight
 
 GOOD = {"num-train": 40, "num-test": 10, "train-classes": "0:25 3:15", "test-classes": "0:4 3:6", "data-dir": "",
         "ray-node": ""}  # fmt: skip

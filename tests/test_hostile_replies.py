@@ -273,7 +273,7 @@ def test_a_robust_aggregation_is_refused_by_a_method_that_combines_by_its_own_ma
 
 
 def test_krum_keeps_the_model_nearest_its_neighbours_and_multi_krum_averages_the_best():
-    from strategies.aggregation import aggregate
+    from strategies.aggregation.rules import aggregate
 
     models = [[np.array([v], np.float32)] for v in (1.0, 1.1, 0.9, 1.05, 50.0)]
     # n = 5, f = 1: a score sums the n - f - 2 = 2 nearest squared distances: 1.05's is 0.05^2 + 0.05^2 = 0.005,

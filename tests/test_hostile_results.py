@@ -27,12 +27,12 @@ from app.local.message_grid import InProcessGrid
 from app.message_methods import MethodStrategy, message_strategy
 from app.own_parts import OwnParts
 from app.registry import METHODS
-from app.results import ResultWriter, read_metrics, run_directory
+from app.results.writer import ResultWriter, read_metrics, run_directory
 from app.server_run import build_strategy, checkpoint_to_resume
 from app.server_run import refused as record_refusal
-from strategies.checkpoint import CheckpointError, load_checkpoint
 from strategies.contracts.common import RunSettings
 from strategies.flower.rounds import Rounds
+from strategies.rounds.checkpoint import CheckpointError, load_checkpoint
 
 CLIENTS = 4
 ROUNDS = 2
@@ -182,7 +182,7 @@ def test_a_run_name_that_is_no_folder_name_is_refused_naming_the_key_and_nothing
 
 
 def test_run_name_problem_allows_names_and_only_names():
-    from app.run_folder import run_name_problem
+    from app.results.run_folder import run_name_problem
 
     for fine in ("", "run-1", "my run", "a..b", "résultats", "x" * 255):
         assert run_name_problem(fine) is None, fine

@@ -97,7 +97,7 @@ def test_the_installed_copy_imports_and_loads_its_data_without_any_short_name(tm
         """\
         import sys
         import stamen.app.server_app, stamen.app.client_app
-        from stamen.strategies.perfedavg import PerFedAvg
+        from stamen.strategies.methods.perfedavg import PerFedAvg
         from stamen.clients.perfedavg import PerFedAvgClient
         from stamen.datasets.embedded import load_mnist_5k
         assert len(load_mnist_5k().train_y) > 0
@@ -159,7 +159,7 @@ def test_flwr_datasets_survives_installing_stamen_and_the_quick_start_job_finish
     assert packages == {"stamen", "stamen-0.1.0.dist-info"}, listed
     check = (
         "import flwr_datasets, datasets; from flwr_datasets import FederatedDataset; "
-        "from stamen.strategies.perfedavg import PerFedAvg; "
+        "from stamen.strategies.methods.perfedavg import PerFedAvg; "
         "assert 'site-packages' in datasets.__file__ and hasattr(datasets, 'Dataset'), datasets.__file__; print('ok')"
     )
     out = subprocess.run([python, "-c", check], cwd=tmp_path, capture_output=True, text=True)
@@ -202,6 +202,6 @@ def test_a_device_from_the_installed_wheel_alone_joins_a_tls_deployment(tmp_path
         outcome = deployment.run(config, timeout_s=600)
         device_log = deployment.nodes[0].log_path.read_text(errors="replace")
     assert outcome.status == FINISHED_OK, outcome.log[-3000:]
-    assert f"{python} -m stamen.app.warm_exec" in device_log, device_log[-3000:]  # the installed warm executor
+    assert f"{python} -m stamen.app.device.warm_exec" in device_log, device_log[-3000:]  # the installed warm executor
     summary = json.loads((results / "installed-device" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["final"]["clients-succeeded"] == 2

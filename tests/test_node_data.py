@@ -20,9 +20,9 @@ from app.config import ConfigError
 from datasets import LocalDataError, load_client_data, load_node_data
 from datasets.embedded import load_mnist_5k
 from datasets.tools.device_folders import CLASSES, DIGITS, INPUT_SHAPE, make_device_folders
-from strategies.node_data import data_lines
-from strategies.nodes import NodeDirectory
-from strategies.preflight import PreflightError, connected, preflight
+from strategies.nodes.data import data_lines
+from strategies.nodes.directory import NodeDirectory
+from strategies.nodes.preflight import PreflightError, connected, preflight
 
 RUN = {"dataset": "imagefolder", "classes": CLASSES, "input-shape": INPUT_SHAPE, "strategy": "perfedavg",
        "device": "cpu", "model": "mlp"}  # fmt: skip

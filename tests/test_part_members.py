@@ -15,10 +15,11 @@ import pytest
 from conftest import REPO
 
 # every part of a strategy, each a member handed its inputs: none may read an attribute it does not define
-MEMBERS = [("rounds/phases.py", "RoundPhases"), ("global_model.py", "GlobalModel"), ("run_watch.py", "RunWatch"),
-           ("run_checkpoints.py", "RunCheckpoints"), ("reply_screen.py", "ReplyScreen"),
-           ("update_screen.py", "UpdateNormScreen"), ("divergence.py", "DivergenceWatch"),
-           ("nodes.py", "NodeDirectory"), ("tuner.py", "FathomTuner"),
+MEMBERS = [("rounds/phases.py", "RoundPhases"), ("rounds/global_model.py", "GlobalModel"),
+           ("rounds/run_watch.py", "RunWatch"), ("rounds/run_checkpoints.py", "RunCheckpoints"),
+           ("screening/reply_screen.py", "ReplyScreen"), ("screening/update_screen.py", "UpdateNormScreen"),
+           ("rounds/divergence.py", "DivergenceWatch"), ("nodes/directory.py", "NodeDirectory"),
+           ("tuning/tuner.py", "FathomTuner"),
            ("flower/rounds.py", "Rounds")]  # the round engine: it holds the method and reads it through its handle
 
 

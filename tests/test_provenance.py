@@ -21,14 +21,14 @@ from helpers import PACKAGES, change_a_function, copy_of_the_code
 
 import app.workdir as workdir
 from app.config import ConfigError, check_on_server
-from app.provenance import data_provenance, run_provenance, source_checkout
-from app.results import ResultWriter, run_directory
+from app.results.provenance import data_provenance, run_provenance, source_checkout
+from app.results.writer import ResultWriter, run_directory
 from clients.fedavg import FedAvgClient
 from clients.models import build_model
 from datasets import load_client_data
 from strategies.contracts.code import CODE_FILES, code_fingerprint, code_identity, code_mismatch, folder_fingerprint
-from strategies.nodes import NodeDirectory
-from strategies.preflight import MixedCodeError, PreflightError, connected, preflight
+from strategies.nodes.directory import NodeDirectory
+from strategies.nodes.preflight import MixedCodeError, PreflightError, connected, preflight
 
 ELSEWHERE = {"code-fingerprint": "f" * 64, "code-location": "/elsewhere/stamen"}
 

@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO
 
 from app.local.simulation import LocalSimulation
-from strategies.records import TIMING_KEYS
+from strategies.rounds.records import TIMING_KEYS
 
 pytestmark = pytest.mark.e2e
 CLIENTS = 10

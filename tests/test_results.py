@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.results import plot_accuracy
+from app.results.writer import plot_accuracy
 
 
 def test_the_accuracy_plot_draws_the_global_model_only_where_the_records_have_it(tmp_path):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from strategies.robust_aggregation import coordinate_median, krum_choice, krum_scores, trimmed_mean
+from strategies.aggregation.robust import coordinate_median, krum_choice, krum_scores, trimmed_mean
 
 
 def scalars(*values, dtype=np.float32):

@@ -7,9 +7,9 @@ import pytest
 from conftest import settings
 
 from strategies.contracts.fathom import FathomSettings
-from strategies.screening import Reply
-from strategies.start_probe import ProbeTally, local_progress, probe_choice, probe_factors, probe_slots, tallied
-from strategies.tuner import FathomTuner
+from strategies.screening.replies import Reply
+from strategies.tuning.start_probe import ProbeTally, local_progress, probe_choice, probe_factors, probe_slots, tallied
+from strategies.tuning.tuner import FathomTuner
 
 
 def test_the_grid_is_factor_powers_around_the_start():

@@ -17,11 +17,11 @@ from helpers import stand_in_fedavg as make_strategy
 
 from strategies.contracts.client_reports import FIT_METRICS
 from strategies.contracts.code import code_identity
-from strategies.fedavg import FedAvg
-from strategies.perfedavg import PerFedAvg
-from strategies.records import progress_line
-from strategies.screening import evaluate_reply_problem, fit_reply_problem
-from strategies.summaries import summarise, weighted_mean
+from strategies.methods.fedavg import FedAvg
+from strategies.methods.perfedavg import PerFedAvg
+from strategies.rounds.records import progress_line
+from strategies.rounds.summaries import summarise, weighted_mean
+from strategies.screening.replies import evaluate_reply_problem, fit_reply_problem
 
 SPECS = {m.name: m for m in FIT_METRICS}
 
@@ -226,7 +226,7 @@ def test_decode_once_aggregation_is_bit_for_bit_flowers_inplace_fedavg():
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters  # Flower's own average, the reference
     from flwr.server.strategy.aggregate import aggregate_inplace
 
-    from strategies.aggregation import weighted_average_inplace
+    from strategies.aggregation.rules import weighted_average_inplace
 
     rng = np.random.default_rng(3)
     shapes = [(80, 784), (80,), (10, 80), (10,)]
@@ -319,8 +319,8 @@ def test_every_declared_metric_is_summarised_as_declared_and_floats_are_never_tr
     from strategies.contracts.contract import Contract, Metric
     from strategies.contracts.ditto import CONTRACT as DITTO
     from strategies.contracts.fedavg import FedAvgSettings
-    from strategies.records import fit_summary
-    from strategies.screening import Reply
+    from strategies.rounds.records import fit_summary
+    from strategies.screening.replies import Reply
 
     specs = [*FIT_METRICS, *DITTO.metrics, Metric("norm", "a float", 0.0, summary=("mean", "min", "max", "sum"))]
     replies = [Reply("a", 0, [], 10, {"train-loss": 0.5, "grad-evals": 4, "ditto-personal-loss": 0.25,

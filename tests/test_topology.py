@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies.combinations import (
+from strategies.methods.combinations import (
     check_combination,
     combination_matrix,
     combine,
@@ -13,8 +13,8 @@ from strategies.combinations import (
     fedavg_combination,
     sampled_combination,
 )
-from strategies.graphs import is_connected, make_graph
-from strategies.topology import (
+from strategies.methods.graphs import is_connected, make_graph
+from strategies.methods.topology import (
     expected_matrix,
     limit_weights,
     neighbour_probabilities,

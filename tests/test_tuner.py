@@ -26,8 +26,8 @@ from clients.models import build_model
 from clients.perfedavg import PerFedAvgClient
 from clients.training import axpy, model_loss
 from datasets import ClientData
-from strategies.fathom_math import FathomState, RoundAggregate, cosine, fathom_update
-from strategies.perfedavg import PerFedAvg
+from strategies.methods.perfedavg import PerFedAvg
+from strategies.tuning.fathom_math import FathomState, RoundAggregate, cosine, fathom_update
 
 SHAPES = [(2, 3), (3,)]
 

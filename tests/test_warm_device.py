@@ -1,4 +1,4 @@
-"""Warm devices (``python -m app.device``) in a real deployment: TLS, SuperNode authentication, own data.
+"""Warm devices (``python -m app.device.console``) in a real deployment: TLS, SuperNode authentication, own data.
 
 Two deployments side by side, each a SuperLink with TLS and SuperNode authentication
 and 3 SuperNodes with their own image folders (the same folders in both):
@@ -34,13 +34,13 @@ import pytest
 from conftest import REPO
 from helpers import summaries_written
 
-from app.fork_server import TASK_NAME
+from app.device.fork_server import TASK_NAME
 from app.local.deployment import LocalDeployment
 from app.local.processes import group_processes, live_processes
 from app.local.simulation import FINISHED_OK
 from datasets.tools.device_folders import CLASSES, INPUT_SHAPE, make_device_folders
 from strategies.contracts.code import code_fingerprint
-from strategies.records import TIMING_KEYS
+from strategies.rounds.records import TIMING_KEYS
 
 pytestmark = pytest.mark.e2e
 RUN_TIMEOUT_S = 400

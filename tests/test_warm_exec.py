@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-import app.device as device
-import app.fork_server as fork_server
-import app.warm_exec as warm_exec
-from app.fork_server import ForkServer
-from app.warm_exec import warm_path_problem
+import app.device.console as device
+import app.device.fork_server as fork_server
+import app.device.warm_exec as warm_exec
+from app.device.fork_server import ForkServer
+from app.device.warm_exec import warm_path_problem
 
 
 def test_the_installed_flower_has_everything_the_warm_path_uses():
@@ -51,7 +51,7 @@ def test_a_warm_device_runs_the_supernode_and_the_warm_superexec_on_one_loopback
     node, executor = device.commands(["--insecure", "--superlink", "10.0.0.2:9092"], port=4321, parent_pid=77)
     assert node == ["flower-supernode", "--insecure", "--superlink", "10.0.0.2:9092", "--isolation", "process",
                     "--host", "127.0.0.1", "--port", "4321"]  # fmt: skip
-    assert executor[1:] == ["-m", "app.warm_exec", "--insecure", "--runtime-api-address", "127.0.0.1:4321",
+    assert executor[1:] == ["-m", "app.device.warm_exec", "--insecure", "--runtime-api-address", "127.0.0.1:4321",
                             "--parent-pid", "77"]  # fmt: skip
     assert device.commands(["--insecure"], port=1, parent_pid=1, cold=True) == [["flower-supernode", "--insecure"]]
 
@@ -158,7 +158,7 @@ def test_the_fork_server_and_its_tasks_die_with_their_parent(tmp_path):
         sys.path[:0] = [{str(REPO)!r}, {str(REPO / "tests")!r}]
         import flwr.supernode.runtime.run_clientapp as runtime
         from test_warm_exec import record_task, spec
-        from app.fork_server import ForkServer
+        from app.device.fork_server import ForkServer
         runtime.run_clientapp = record_task
         server = ForkServer(warm_stamen=False, preload=())
         server.start()

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from app.config.keys import key_specs
 from app.registry import CONTRACTS
-from app.run_folder import run_name_problem
+from app.results.run_folder import run_name_problem
 from datasets import APP_DATA, GENERATED, USER_DATASETS
 from strategies.contracts.common import AVERAGES, REGRESSION_DATASETS, ROBUST
 from strategies.contracts.contract import Contract, TunerSettings
@@ -211,7 +211,7 @@ def central_eval_has_a_whole_model(settings: Settings, contracts: Mapping[str, C
 
 
 def run_name_is_a_name(settings: Settings, contracts: Mapping[str, Contract]) -> None:
-    """``run-name`` is one folder name under ``results-dir`` (:func:`app.run_folder.run_name_problem`)."""
+    """``run-name`` is one folder name under ``results-dir`` (:func:`app.results.run_folder.run_name_problem`)."""
     if problem := run_name_problem(settings.execution.run_name):  # before any folder, data or node
         raise ConfigError(problem)
 

@@ -97,7 +97,7 @@ class LocalDeployment(DeploymentNodes, DeploymentRuns):
         Holds ``flwr-home``, certificates, keys, the SuperLink database and logs; a
         fresh temporary folder (deleted on exit) by default.
     warm
-        Start each SuperNode as a warm device (``python -m app.device``: the SuperNode
+        Start each SuperNode as a warm device (``python -m app.device.console``: the SuperNode
         beside a SuperExec that forks each message's ClientApp from a process that
         imported torch once) instead of ``flower-supernode`` alone.
     devices
@@ -227,7 +227,7 @@ class LocalDeployment(DeploymentNodes, DeploymentRuns):
         if partition in self.devices:  # a device of its own: it picks its Runtime API port itself
             return [*self.devices[partition], *options]
         if self.warm:  # the device picks the port of its SuperNode's Runtime API itself
-            return [sys.executable, "-m", "app.device", *options]
+            return [sys.executable, "-m", "app.device.console", *options]
         return ["flower-supernode", *options, "--port", str(free_port())]
 
     def exited(self) -> str | None:

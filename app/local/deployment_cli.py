@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-config", default="", help='overrides, as for flwr run: "num-server-rounds=3 ..."')
     parser.add_argument("--workdir", type=Path, help="keep certificates, keys, logs and results here")
     parser.add_argument("--warm", action="store_true",
-                        help="start each SuperNode as a warm device (python -m app.device): torch imported once")
+                        help="start each SuperNode as a warm device (stamen-device): torch imported once")
     parser.add_argument("--serve", action="store_true", help="keep the deployment up until Ctrl-C instead of running")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the run (default 3600)")
     args = parser.parse_args(argv)

@@ -2,7 +2,7 @@
 
 :class:`~app.local.deployment.LocalDeployment` takes these methods from :class:`DeploymentNodes`.
 A node starts as one of three kinds: a plain ``flower-supernode``, a warm device
-(``python -m app.device``) or a device installed apart (``devices``), each with its own
+(``python -m app.device.console``) or a device installed apart (``devices``), each with its own
 environment and folder; its command is the deployment's ``node_command``.
 """
 
@@ -58,7 +58,7 @@ class DeploymentNodes:
             key = make_node_key(self.workdir / "keys", name)
             if register:
                 self.flwr(["supernode", "register", str(key.public), CONNECTION])
-        # a warm device runs stamen's app.device from the app's folder (stamen's packages are not installed)
+        # a warm device runs stamen's app.device.console from the app's folder (stamen's packages are not installed)
         env = {**self.env, **self.node_env}
         if self.warm:
             env["PYTHONPATH"] = str(self.app_dir)

@@ -31,7 +31,7 @@ from strategies.base import FederatedStrategy
 from strategies.contracts.common import RunSettings
 from strategies.contracts.settings import Settings
 from strategies.flower.rounds import Rounds
-from strategies.recorder import Recorder
+from strategies.rounds.recorder import Recorder
 
 
 def build_clients(settings: Settings, num_clients: int) -> list[TorchClient]:
@@ -108,7 +108,7 @@ class InProcessRun:
         evaluation when the round is an evaluation round, then the method closes the
         round (``end_round``: the record, the tuner's and the divergence watch's
         bookkeeping). A run the method stops raises
-        :class:`strategies.run_watch.RunDivergedError`.
+        :class:`strategies.rounds.run_watch.RunDivergedError`.
         """
         self.step()
         self.evaluate()

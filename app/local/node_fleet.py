@@ -1,6 +1,6 @@
 """A fleet of nodes that answer in this process: the server's preflight and rounds without Flower's grid.
 
-:class:`NodeFleet` is a :class:`strategies.preflight.Fleet` over objects that answer the
+:class:`NodeFleet` is a :class:`strategies.nodes.preflight.Fleet` over objects that answer the
 preflight as a stamen client does (``get_properties(config) -> dict``), keyed by their
 ``cid``: a test's stand-in nodes, a benchmark's agents. A node that raises answers with
 its exception, as a failed ``query`` message does.
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from strategies.contracts.payload import Scalar
-from strategies.preflight import Answer
+from strategies.nodes.preflight import Answer
 
 
 class AnsweringNode(Protocol):

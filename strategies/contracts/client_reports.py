@@ -2,7 +2,7 @@
 
 Each method declares its own metrics beside these in its contract; :data:`FIT_METRICS` and
 :data:`EVALUATE_METRICS` are the ones every client sends, with the bounds a reply is screened
-against (``strategies/screening.py``).
+against (``strategies/screening/replies.py``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ elsewhere: Ray puts the working directory of the local SuperLink first on its wo
 ``sys.path``, and that SuperLink may have been started in another checkout
 (docs/troubleshooting.md). Each side hashes the files of the stamen it imported, the
 same files the FAB holds (``[tool.flwr.app] fab-include``), and the server refuses a
-node whose fingerprint differs from its own (``strategies.preflight``).
+node whose fingerprint differs from its own (``strategies.nodes.preflight``).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from datasets import (
 )
 from strategies.contracts.keys import ConfigError, KeyedSettings, key
 
-# the weighted means, then rules a few outsized replies cannot move far (strategies/aggregation.py; Yin et al.,
+# the weighted means, then rules a few outsized replies cannot move far (strategies/aggregation/rules.py; Yin et al.,
 # ICML 2018; Blanchard et al., NeurIPS 2017)
 AVERAGES = ("examples", "uniform")
 ROBUST = ("median", "trimmed-mean", "krum", "multi-krum")

@@ -87,7 +87,7 @@ class DiffusionSettings(MethodSettings):
             except ValueError as err:
                 raise ConfigError(f"run config key 'diffusion-participation-per-agent': {err}") from err
         # Imported here: topology builds on this contract, so a module-level import would be circular.
-        from strategies.topology import check_network_files
+        from strategies.methods.topology import check_network_files
 
         try:
             check_network_files(self)

@@ -27,7 +27,7 @@ Scalar = bool | bytes | float | int | str  # what a config or metrics value may 
 MODEL = "model"  # the arrays of the model that travel: all of them, or the shared ones of a method with personal layers
 LAYOUT = "payload"  # the config / metrics key that names a message's layout
 PURPOSES = ("fit", "evaluate")
-# what a returned set holds, which says how the base screens it (strategies/reply_screen.py)
+# what a returned set holds, which says how the base screens it (strategies/screening/reply_screen.py)
 SET_KINDS = {
     "update": "a change (SCAFFOLD's delta-control): its norm against max-update-ratio times the round's median",
     "values": "values of the model's scale (FedProto's prototypes): its norm against the same bound",

@@ -25,7 +25,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from strategies.contracts.payload import LAYOUT, MODEL, Scalar, parse_layout
-from strategies.screening import is_real_number
+from strategies.screening.replies import is_real_number
 
 MODEL_RECORD = "arrays"  # Flower's key for the model in its templates and strategies
 CONFIG_RECORD, METRICS_RECORD, REPORTS_RECORD = "config", "metrics", "reports"

@@ -1,10 +1,10 @@
-"""The nodes behind a Flower grid, as the preflight and each round read them (:class:`strategies.preflight.Fleet`).
+"""The nodes behind a Flower grid, as the preflight and each round read them (``strategies.nodes.preflight.Fleet``).
 
 :class:`GridFleet` lists the grid's nodes, waits for them, and asks several at once for
 their properties: one ``query`` message each (the ClientApp's query handler answers with
 a ``properties`` ConfigRecord), one wait for every reply. :func:`replies_by_node` matches
 replies to the messages sent, and :func:`failure_of` turns a node's silence or error
-into its failure (``strategies/node_failures.py``), for the preflight and the rounds alike.
+into its failure (``strategies/nodes/failures.py``), for the preflight and the rounds alike.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from flwr.serverapp import Grid
 
 from strategies.contracts.payload import Scalar
 from strategies.flower.codec import CONFIG_RECORD
-from strategies.node_failures import NodeFailureError, no_reply, raised_in_client
-from strategies.preflight import Answer
+from strategies.nodes.failures import NodeFailureError, no_reply, raised_in_client
+from strategies.nodes.preflight import Answer
 
 PROPERTIES = "properties"  # the ConfigRecord of a query reply (app/message_client.py)
 POLL_S = 1.0  # how often waiting for nodes asks the grid again

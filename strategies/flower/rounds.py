@@ -33,7 +33,6 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from strategies.base import FederatedStrategy
-from strategies.checkpoint import Checkpoint
 from strategies.contracts.common import PULL_INTERVAL
 from strategies.flower.codec import (
     LOSS,
@@ -48,10 +47,11 @@ from strategies.flower.codec import (
 )
 from strategies.flower.fleet import GridFleet, failure_of, replies_by_node
 from strategies.flower.paced_grid import PacedGrid, Pending, paced_run
-from strategies.node_failures import NodeError
+from strategies.nodes.failures import NodeError
+from strategies.rounds.checkpoint import Checkpoint
 from strategies.rounds.phases import Instruction
-from strategies.run_watch import RunDivergedError
-from strategies.screening import Evaluation, Received
+from strategies.rounds.run_watch import RunDivergedError
+from strategies.screening.replies import Evaluation, Received
 
 RESERVED = ("partition-id", "payload", "server-round")  # config keys a user's train_config may not set
 TIMEOUT_S = 3600.0  # seconds a phase waits for its replies, unless start is given another

@@ -2,7 +2,7 @@
 
 :class:`RoundPhases` is what the round engine (:class:`strategies.flower.rounds.Rounds`)
 asks at each step of a round, with Flower's messages already read into stamen's values:
-the preflight before round 1 (over a :class:`strategies.preflight.Fleet`), the fit and
+the preflight before round 1 (over a :class:`strategies.nodes.preflight.Fleet`), the fit and
 evaluate instructions (the model a partition is sent, the contract's array sets and their
 layout, each list of arrays encoded once a round) and the aggregation of the replies
 through the members it is handed (the reply screen, the global model, the tuner, the
@@ -25,17 +25,17 @@ from strategies.contracts.client_reports import PARTITION_ID
 from strategies.contracts.common import RunSettings
 from strategies.contracts.contract import Contract, Metric
 from strategies.contracts.payload import LAYOUT, MODEL, Scalar, layout_of, sets_problem, to_bytes
-from strategies.global_model import GlobalModel
-from strategies.node_data import data_lines
-from strategies.nodes import NodeDirectory
-from strategies.preflight import Fleet, connected, preflight, wait_for
-from strategies.preflight_errors import PreflightError
-from strategies.recorder import Recorder
-from strategies.records import evaluation_summary, fit_summary
-from strategies.reply_screen import Failures, ReplyScreen
-from strategies.run_watch import RunWatch
-from strategies.screening import Evaluation, Received, Reply, evaluate_reply_problem, is_non_finite
-from strategies.tuner import FathomTuner
+from strategies.nodes.data import data_lines
+from strategies.nodes.directory import NodeDirectory
+from strategies.nodes.preflight import Fleet, connected, preflight, wait_for
+from strategies.nodes.preflight_errors import PreflightError
+from strategies.rounds.global_model import GlobalModel
+from strategies.rounds.recorder import Recorder
+from strategies.rounds.records import evaluation_summary, fit_summary
+from strategies.rounds.run_watch import RunWatch
+from strategies.screening.replies import Evaluation, Received, Reply, evaluate_reply_problem, is_non_finite
+from strategies.screening.reply_screen import Failures, ReplyScreen
+from strategies.tuning.tuner import FathomTuner
 
 PREFLIGHT_LOG = "preflight-errors.log"
 

@@ -1,0 +1,1 @@
+"""What a run writes: the results folder, its writer, plots and provenance."""

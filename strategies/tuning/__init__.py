@@ -1,0 +1,1 @@
+"""FATHOM's tuner: hypergradient maths, the tuner that moves the values in force, the start probe."""
