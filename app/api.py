@@ -11,7 +11,7 @@ name; :func:`message_strategy` by method name) is a ``flwr.serverapp.strategy.St
 a ``flwr new`` app swaps for ``FedAvg``; ``build_client_app``'s ClientApp answers them
 (:func:`serving` makes one from an app's own function that builds a stamen client).
 ``METHODS`` maps each method's name (the ``strategy`` key's value) to its ``Method``: its
-strategy class, its client class and its keys (:func:`method` looks one up by name).
+server class, its client class and its keys (:func:`method` looks one up by name).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ __all__ = [
 
 
 def method(name: str) -> Method:
-    """The registered method ``name`` (the ``strategy`` key's value): its ``strategy`` and ``client`` classes, ``keys``.
+    """The registered method ``name`` (the ``strategy`` key's value): its ``server`` and ``client`` classes, ``keys``.
 
     Raises
     ------

@@ -104,10 +104,11 @@ def message_strategy(name: str) -> type[MethodStrategy]:
         For a name no method has, listing those that exist.
 
     """
-    method = method_named(name).strategy
+    method = method_named(name)
+    server = method.server
     doc = (f"stamen's ``{name}`` as a Flower Message API strategy (:class:`MethodStrategy`); the server's maths "
-           f"is :class:`{method.__module__}.{method.__name__}`.")  # fmt: skip
-    return type(method.__name__, (MethodStrategy,), {"method": name, "__doc__": doc, "__module__": __name__})
+           f"is :class:`{server.__module__}.{server.__name__}` with {name}'s contract.")  # fmt: skip
+    return type(method.class_name, (MethodStrategy,), {"method": name, "__doc__": doc, "__module__": __name__})
 
 
 # the built-in methods by their class names (stamen.PerFedAvg, ...); a method added to the registry has its class

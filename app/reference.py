@@ -70,13 +70,19 @@ def models_table() -> str:
 
 
 def methods_table(methods: Mapping[str, Method] = METHODS) -> str:
-    """Markdown: one row per registered method, its classes (as an installed stamen names them) and its keys."""
-    lines = ["| `strategy` | strategy class | client class | keys it reads besides the run's |", "|---|---|---|---|"]
+    """Markdown: one row per registered method, its classes (as an installed stamen names them) and its keys.
+
+    The strategy is the method's Message API class (``stamen.PerFedAvg``); the server is the
+    method object it plays (the base, :class:`FederatedStrategy`, where the contract says all).
+    """
+    lines = ["| `strategy` | strategy class | server class | client class | keys it reads besides the run's |",
+             "|---|---|---|---|---|"]  # fmt: skip
     for name, method in methods.items():
         classes = [f"`stamen.{c.__module__.removeprefix('stamen.')}.{c.__name__}`"
-                   for c in (method.strategy, method.client)]  # fmt: skip
+                   for c in (method.server, method.client)]  # fmt: skip
         keys = ", ".join(f"`{k}`" for k in method.keys)
-        lines.append(f"| [`{name}`](methods/{name}.md) | {classes[0]} | {classes[1]} | {keys} |")
+        lines.append(f"| [`{name}`](methods/{name}.md) | `stamen.{method.class_name}` | {classes[0]} | {classes[1]} "
+                     f"| {keys} |")
     return "\n".join(lines) + "\n"
 
 

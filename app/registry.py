@@ -1,4 +1,9 @@
-"""The methods stamen knows: one line each, a strategy class and the client class that serves it."""
+"""The methods stamen knows: one line each, the client class and, where the method has server hooks, its server class.
+
+A method whose server is the base's as it is (FedAvg, FedProx, Ditto, FedRep, FedPer, APFL,
+FedBN, MOON: their contracts say all the server needs) names its client alone; the server
+is :class:`strategies.base.FederatedStrategy` built with that contract (:meth:`Method.build`).
+"""
 
 from __future__ import annotations
 
@@ -23,38 +28,39 @@ from clients.scaffold import ScaffoldClient
 from strategies.base import FederatedStrategy
 from strategies.contracts.contract import Contract
 from strategies.contracts.keys import ConfigError
-from strategies.methods.apfl import Apfl
-from strategies.methods.diffusion import Diffusion
-from strategies.methods.ditto import Ditto
-from strategies.methods.fathom import Fathom
-from strategies.methods.fedamp import FedAmp
-from strategies.methods.fedavg import FedAvg
-from strategies.methods.fedbn import FedBN
-from strategies.methods.fedper import FedPer
-from strategies.methods.fedproto import FedProto
-from strategies.methods.fedprox import FedProx
-from strategies.methods.fedrep import FedRep
-from strategies.methods.moon import Moon
-from strategies.methods.perfedavg import PerFedAvg
-from strategies.methods.pfedme import PFedMe
-from strategies.methods.scaffold import Scaffold
+from strategies.methods.diffusion import DiffusionServer
+from strategies.methods.fathom import FathomServer
+from strategies.methods.fedamp import FedAmpServer
+from strategies.methods.fedproto import FedProtoServer
+from strategies.methods.perfedavg import PerFedAvgServer
+from strategies.methods.pfedme import PFedMeServer
+from strategies.methods.scaffold import ScaffoldServer
 
 
 @dataclass(frozen=True)
 class Method:
-    """A federated method: its strategy (server) and its client, which must share one contract."""
+    """A federated method: its client, and its server class where it has hooks of its own; one contract for both."""
 
-    strategy: type[FederatedStrategy]
     client: type[TorchClient]
+    server: type[FederatedStrategy] = FederatedStrategy
 
     def __post_init__(self) -> None:
-        if self.client.contract is not self.strategy.contract:
-            raise TypeError(f"{self.strategy.__name__} and {self.client.__name__} have different contracts "
-                            f"({self.strategy.contract.name!r}, {self.client.contract.name!r})")  # fmt: skip
+        if self.server is not FederatedStrategy and self.client.contract is not self.server.contract:
+            raise TypeError(f"{self.server.__name__} and {self.client.__name__} have different contracts "
+                            f"({self.server.contract.name!r}, {self.client.contract.name!r})")  # fmt: skip
 
     @property
     def contract(self) -> Contract:
-        return self.strategy.contract
+        return self.client.contract
+
+    @property
+    def class_name(self) -> str:
+        """The method's public class name (``stamen.PerFedAvg``): its client's, less ``Client``."""
+        return self.client.__name__.removesuffix("Client")
+
+    def build(self, **options: object) -> FederatedStrategy:
+        """The method's server object for a run: ``options`` are :class:`FederatedStrategy`'s (settings, model, ...)."""
+        return self.server(contract=self.contract, **options)
 
     @property
     def name(self) -> str:
@@ -78,27 +84,27 @@ def by_name(*methods: Method) -> dict[str, Method]:
 
 
 METHODS = by_name(
-    Method(FedAvg, FedAvgClient),
-    Method(PerFedAvg, PerFedAvgClient),
-    Method(Fathom, FathomClient),
-    Method(Diffusion, DiffusionClient),
-    Method(FedProx, FedProxClient),
-    Method(Ditto, DittoClient),
-    Method(Scaffold, ScaffoldClient),
-    Method(FedRep, FedRepClient),
-    Method(FedPer, FedPerClient),
-    Method(PFedMe, PFedMeClient),
-    Method(Apfl, ApflClient),
-    Method(FedBN, FedBNClient),
-    Method(Moon, MoonClient),
-    Method(FedAmp, FedAmpClient),
-    Method(FedProto, FedProtoClient),
+    Method(FedAvgClient),
+    Method(PerFedAvgClient, PerFedAvgServer),
+    Method(FathomClient, FathomServer),
+    Method(DiffusionClient, DiffusionServer),
+    Method(FedProxClient),
+    Method(DittoClient),
+    Method(ScaffoldClient, ScaffoldServer),
+    Method(FedRepClient),
+    Method(FedPerClient),
+    Method(PFedMeClient, PFedMeServer),
+    Method(ApflClient),
+    Method(FedBNClient),
+    Method(MoonClient),
+    Method(FedAmpClient, FedAmpServer),
+    Method(FedProtoClient, FedProtoServer),
 )
 CONTRACTS = {name: method.contract for name, method in METHODS.items()}
 
 
 def method_named(name: str) -> Method:
-    """The registered method ``name`` (the ``strategy`` key's value): its ``strategy`` and ``client`` classes, ``keys``.
+    """The registered method ``name`` (the ``strategy`` key's value): its ``server`` and ``client`` classes, ``keys``.
 
     Raises
     ------

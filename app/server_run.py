@@ -75,8 +75,7 @@ def model_arrays(model: torch.nn.Module) -> list[np.ndarray]:
 def build_strategy(settings: Settings, **options: object) -> FederatedStrategy:
     """The run's method's strategy from its initial model; ``options`` go to its constructor (recorder, ...)."""
     arrays, layout = initial_model(settings)
-    return METHODS[settings.run.strategy].strategy(settings=settings, initial_model=arrays, layout=layout,
-                                                   **options)  # fmt: skip
+    return METHODS[settings.run.strategy].build(settings=settings, initial_model=arrays, layout=layout, **options)
 
 
 # What may change when a run resumes: its length, where and how often it writes, where it computes.
@@ -180,7 +179,7 @@ def run_method(run_config: Mapping[str, object],
         resume_after = checkpoint.round
         log(INFO, "stamen: resuming %s after round %d", run_dir, checkpoint.round)
     recorded = {**settings.as_run_config(), **parts.record(run_config, settings)}
-    strategy = METHODS[settings.run.strategy].strategy(
+    strategy = METHODS[settings.run.strategy].build(
         settings=settings,
         initial_model=arrays,
         layout=layout,

@@ -1,6 +1,6 @@
 """The diffusion server's memory: bytes held per agent, and the peak while combining, per model.
 
-For each model, builds the ``Diffusion`` strategy for K agents (ring, Metropolis),
+For each model, builds the ``DiffusionServer`` strategy for K agents (ring, Metropolis),
 feeds it one round of replies from every agent (in process, no Flower engine: the
 strategy's own arrays are what is measured), and reports the bytes of the agents'
 models it holds and how far combining the replies raises the peak of traced allocations
@@ -23,7 +23,7 @@ from bench.harness import arguments, machine, write_report  # noqa: E402
 from clients.models import build_model, parameter_count  # noqa: E402
 from strategies.contracts.code import code_identity  # noqa: E402
 from strategies.contracts.payload import to_bytes  # noqa: E402
-from strategies.methods.diffusion import Diffusion  # noqa: E402
+from strategies.methods.diffusion import DiffusionServer  # noqa: E402
 from strategies.screening.replies import Received  # noqa: E402
 
 MODELS = (("linear", (10,), 0), ("logreg", (1, 28, 28), 10), ("mlp", (1, 28, 28), 10),
@@ -47,7 +47,7 @@ def measure(name: str, shape: tuple[int, ...], classes: int, agents: int) -> dic
     fleet = NodeFleet(*(Agent(f"n{k}", k, agents) for k in range(agents)))
     settings = parse_settings({"strategy": "diffusion", "diffusion-mu": 0.1, "local-steps": 1, "batch-size": 1,
                                "num-server-rounds": 1, "min-available-clients": agents})  # fmt: skip
-    strategy = Diffusion(settings=settings, initial_model=arrays)
+    strategy = DiffusionServer(settings=settings, initial_model=arrays)
     tracemalloc.start()
     strategy.phases.start_run(fleet)
     instructions = strategy.phases.fit_instructions(1, fleet)

@@ -81,6 +81,10 @@ class FederatedStrategy:
     central_evaluation
         Optional: the global model's arrays -> metrics (``accuracy``, ``loss``) on the
         server's test data, recorded as ``central-*`` after every round.
+    contract
+        The method this object serves (default: the class's ``contract``, FedAvg's for the
+        base). A method whose server needs no hooks of its own is the base built with its
+        contract (``app.registry.Method.build``).
 
     """
 
@@ -94,7 +98,12 @@ class FederatedStrategy:
         layout: ModelLayout | Sequence[str] = (),
         recorder: Recorder | None = None,
         central_evaluation: Callable[[list[np.ndarray]], dict[str, float]] | None = None,
+        contract: Contract | None = None,
     ) -> None:
+        if contract is not None:  # the base serves any contract; a method's own server class serves its own
+            if type(self) is not FederatedStrategy and contract is not type(self).contract:
+                raise TypeError(f"{type(self).__name__} serves {type(self).contract.name!r}, not {contract.name!r}")
+            self.contract = contract
         if not isinstance(settings.method, self.contract.settings):
             raise TypeError(f"{type(self).__name__} needs {self.contract.settings.__name__}, "
                             f"got {type(settings.method).__name__}")  # fmt: skip
@@ -135,7 +144,7 @@ class FederatedStrategy:
                                   class_names=class_names)  # fmt: skip
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(rounds={self.num_rounds})"
+        return f"{type(self).__name__}({self.name!r}, rounds={self.num_rounds})"
 
     @property
     def name(self) -> str:

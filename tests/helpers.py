@@ -27,8 +27,7 @@ from strategies.contracts.diffusion import DiffusionSettings
 from strategies.contracts.keys import key
 from strategies.contracts.payload import from_bytes, to_bytes
 from strategies.contracts.personal import LastLayers
-from strategies.methods.diffusion import Diffusion
-from strategies.methods.fedavg import FedAvg
+from strategies.methods.diffusion import DiffusionServer
 from strategies.rounds.phases import Instruction
 from strategies.rounds.recorder import NullRecorder
 from strategies.screening.replies import Evaluation, Received
@@ -185,14 +184,14 @@ def stand_in_fedavg(num_rounds=3, eval_every=2, clients=4, **config):
     config = {"preflight": False, "aggregation": "examples", **config}
     run = settings(strategy="fedavg", num_server_rounds=num_rounds, eval_every=eval_every, lr=0.1, fraction_fit=1.0,
                    min_fit_clients=1, min_available_clients=1, **config)  # fmt: skip
-    strategy = FedAvg(settings=run, initial_model=arrays(0.0), recorder=recorder)
+    strategy = FederatedStrategy(settings=run, initial_model=arrays(0.0), recorder=recorder)
     nodes = [FakeNode(str(i)) for i in range(clients)]
     fleet = FakeFleet(*nodes)
     start_run(strategy, fleet)
     return strategy, fleet, nodes, recorder
 
 
-# ------------------------------------------------------------------ Diffusion on least squares, K real clients
+# ------------------------------------------------------------------ DiffusionServer on least squares, K real clients
 
 K = 4
 DIFFUSION_KEYS = {spec.field for spec in DiffusionSettings.key_specs()}
@@ -254,7 +253,7 @@ def diffusion_strategy(settings):
     model = build_model("linear", input_shape=(10,), num_classes=0, seed=settings.run.seed)
     initial = [v.detach().numpy() for v in model.state_dict().values()]
     recorder = NullRecorder()
-    strategy = Diffusion(settings=settings, initial_model=initial, recorder=recorder)
+    strategy = DiffusionServer(settings=settings, initial_model=initial, recorder=recorder)
     return strategy, initial[0].ravel().astype(np.float64), recorder
 
 

@@ -11,6 +11,7 @@ from conftest import REPO
 from app.config import ConfigError, Settings, key_specs, parse_settings
 from app.reference import DOC, METHODS_BEGIN, METHODS_DOC, METHODS_END, documented, methods_table, reference
 from app.registry import CONTRACTS, METHODS
+from strategies.base import FederatedStrategy
 from strategies.contracts.common import SHARED_GROUPS, TrainingSettings
 from strategies.contracts.contract import Contract, MethodSettings
 from strategies.contracts.keys import key
@@ -74,7 +75,8 @@ def test_every_method_has_a_row_in_the_readme_and_a_page_in_the_docs():
 
 def test_strategy_and_client_of_every_method_share_its_contract_and_its_example_parses():
     for name, method in METHODS.items():
-        assert method.strategy.contract is method.client.contract is CONTRACTS[name]
+        assert method.contract is method.client.contract is CONTRACTS[name]
+        assert method.server.contract is method.contract or method.server is FederatedStrategy
         assert parse_settings(method.contract.example).run.strategy == name
 
 

@@ -29,10 +29,10 @@ def table_rows() -> dict[str, str]:
 
 
 def overriding(hook: str) -> set[str]:
-    """The registered methods whose strategy class (or a class between it and the base) defines ``hook``."""
+    """The registered methods whose server class (or a class between it and the base) defines ``hook``."""
     names = set()
     for name, method in METHODS.items():
-        for cls in method.strategy.__mro__:
+        for cls in method.server.__mro__:
             if cls is FederatedStrategy:
                 break
             if hook in vars(cls):
@@ -61,7 +61,7 @@ def test_every_overridden_hook_has_a_row():
     public = {
         attribute
         for method in METHODS.values()
-        for cls in method.strategy.__mro__[: method.strategy.__mro__.index(FederatedStrategy)]
+        for cls in method.server.__mro__[: method.server.__mro__.index(FederatedStrategy)]
         for attribute, value in vars(cls).items()
         if callable(value) and not attribute.startswith("_") and hasattr(FederatedStrategy, attribute)
     }

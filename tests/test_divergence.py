@@ -11,7 +11,7 @@ from helpers import aggregate_fit, arrays, configure_fit, fit_res, stand_in_feda
 
 from app.local.inprocess import served_run
 from strategies.base import RunDivergedError
-from strategies.methods.perfedavg import PerFedAvg
+from strategies.methods.perfedavg import PerFedAvgServer
 from strategies.rounds.divergence import DivergenceWatch, round_is_nonfinite
 from strategies.screening.replies import outsized, update_norm
 
@@ -91,10 +91,10 @@ def test_hf_on_a_relu_model_is_named_as_the_likely_cause():
 
 
     run = settings(strategy="perfedavg", model="cnn-small", dataset="mnist-5k")
-    hint = PerFedAvg(settings=run, initial_model=arrays(0.0)).divergence_hint()
+    hint = PerFedAvgServer(settings=run, initial_model=arrays(0.0)).divergence_hint()
     assert hint.startswith("perfedavg-variant 'hf' on model 'cnn-small' (ReLU)") and "use 'so' or 'fo'" in hint
     smooth = settings(strategy="perfedavg", model="mlp")
-    assert PerFedAvg(settings=smooth, initial_model=arrays(0.0)).divergence_hint() == (
+    assert PerFedAvgServer(settings=smooth, initial_model=arrays(0.0)).divergence_hint() == (
         "most likely the cause: lower them")
 
 

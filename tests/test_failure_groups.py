@@ -8,7 +8,7 @@ import pytest
 from conftest import FakeFleet, FakeNode, settings
 from helpers import aggregate_fit, configure_fit, start_run
 
-from strategies.methods.fedavg import FedAvg
+from strategies.base import FederatedStrategy
 from strategies.nodes.failure_groups import cause_of, group_by_cause
 from strategies.nodes.failures import REPLY_S, no_reply, reply_seconds
 from strategies.nodes.preflight import PreflightError
@@ -48,7 +48,7 @@ class CudaNode(FakeNode):
 
 
 def strategy_of(**config):
-    return FedAvg(settings=settings(strategy="fedavg", **config), initial_model=[])
+    return FederatedStrategy(settings=settings(strategy="fedavg", **config), initial_model=[])
 
 
 @pytest.mark.parametrize("fleet_of", [FakeFleet, SilentFleet])

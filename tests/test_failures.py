@@ -23,9 +23,9 @@ from app.message_client import serving
 from clients.base import torch_device
 from datasets import DataUnavailableError
 from datasets.leaf import load_femnist
+from strategies.base import FederatedStrategy
 from strategies.flower.rounds import Rounds
 from strategies.methods.combinations import combination_matrix
-from strategies.methods.fedavg import FedAvg
 from strategies.methods.graphs import make_graph
 from strategies.nodes.failure_groups import ranges
 from strategies.rounds.recorder import NullRecorder
@@ -82,7 +82,7 @@ class AnsweringNode(FakeNode):
 
 def test_a_failed_preflight_condenses_causes_keeps_tracebacks_and_ends_the_run_as_failed():
     recorder = NullRecorder()
-    strategy = FedAvg(settings=settings(strategy="fedavg", num_server_rounds=3), recorder=recorder,
+    strategy = FederatedStrategy(settings=settings(strategy="fedavg", num_server_rounds=3), recorder=recorder,
                       initial_model=[np.zeros((2, 2), np.float32)])  # fmt: skip
     nodes = []
     for partition in range(12):

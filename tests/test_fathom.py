@@ -16,7 +16,7 @@ from clients.models import build_model
 from clients.training import batch_indices
 from datasets import ClientData
 from strategies.contracts.fathom import CONTRACT, FathomSettings
-from strategies.methods.fathom import Fathom
+from strategies.methods.fathom import FathomServer
 from strategies.screening.replies import metrics_problem
 from strategies.tuning.fathom_math import FathomState, RoundAggregate, cosine, fathom_update
 
@@ -180,7 +180,7 @@ def test_strategy_broadcasts_state_rejects_missing_phi_and_updates():
     run = settings(strategy="fathom", lr=0.1, local_epochs=1.0, batch_size=16, num_server_rounds=3, fraction_fit=1.0,
                    min_fit_clients=1, min_available_clients=1, preflight=False, aggregation="examples",
                    fathom_safe_ascent=0.0)  # fmt: skip
-    strategy = Fathom(settings=run, initial_model=zeros)
+    strategy = FathomServer(settings=run, initial_model=zeros)
     nodes = [FakeNode(str(i)) for i in range(3)]
     fleet = FakeFleet(*nodes)
     instructions = configure_fit(strategy, 1, fleet)

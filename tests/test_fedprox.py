@@ -7,7 +7,8 @@ from conftest import regression_data, settings
 from clients.fedavg import FedAvgClient
 from clients.fedprox import FedProxClient
 from clients.models import build_model
-from strategies.methods.fedprox import FedProx
+from strategies.base import FederatedStrategy
+from strategies.contracts.fedprox import CONTRACT as FEDPROX
 
 N, D = 16, 3
 
@@ -57,7 +58,7 @@ def test_a_larger_mu_keeps_the_local_model_nearer_the_global_one():
 
 def test_the_strategy_broadcasts_mu_with_fedavgs_keys():
     run = settings(strategy="fedprox", fedprox_mu=0.3, lr=0.2)
-    strategy = FedProx(settings=run, initial_model=[np.zeros(3, np.float32)])
+    strategy = FederatedStrategy(contract=FEDPROX, settings=run, initial_model=[np.zeros(3, np.float32)])
     assert strategy.fit_config(2) == {"lr": 0.2, "local-steps": 10, "local-epochs": 0.0, "batch-size": 10,
                                       "fedprox-mu": 0.3, "server-round": 2}  # fmt: skip
     with pytest.raises(ValueError, match=r"'fedprox-mu': -0.1 is outside \[0, inf\)"):

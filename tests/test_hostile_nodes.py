@@ -16,7 +16,7 @@ from conftest import FakeFleet, FakeNode, settings
 from helpers import start_run
 
 import strategies.nodes.directory as nodes_module
-from strategies.methods.fedavg import FedAvg
+from strategies.base import FederatedStrategy
 from strategies.nodes.data import data_lines
 from strategies.nodes.directory import NodeDirectory
 from strategies.nodes.preflight import PreflightError, connected, preflight
@@ -43,8 +43,8 @@ def good_nodes(count: int = 5) -> list[AnsweringNode]:
     return [AnsweringNode(str(cid)) for cid in range(count)]
 
 
-def strategy() -> FedAvg:
-    return FedAvg(settings=settings(strategy="fedavg"), initial_model=[])
+def strategy() -> FederatedStrategy:
+    return FederatedStrategy(settings=settings(strategy="fedavg"), initial_model=[])
 
 
 def warnings_of(caplog) -> list[str]:

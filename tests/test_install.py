@@ -97,7 +97,7 @@ def test_the_installed_copy_imports_and_loads_its_data_without_any_short_name(tm
         """\
         import sys
         import stamen.app.server_app, stamen.app.client_app
-        from stamen.strategies.methods.perfedavg import PerFedAvg
+        from stamen.strategies.methods.perfedavg import PerFedAvgServer
         from stamen.clients.perfedavg import PerFedAvgClient
         from stamen.datasets.embedded import load_mnist_5k
         assert len(load_mnist_5k().train_y) > 0

@@ -220,7 +220,7 @@ def test_every_method_is_a_flower_message_api_strategy_in_the_public_surface():
 
     for name, method in METHODS.items():
         strategy_class = message_strategy(name)
-        assert strategy_class.__name__ == method.strategy.__name__ and strategy_class.method == name
+        assert strategy_class.__name__ == method.class_name and strategy_class.method == name
         assert issubclass(strategy_class, Strategy) and strategy_class.__name__ in app.api.__all__
         assert getattr(app.api, strategy_class.__name__) is strategy_class
 

@@ -124,7 +124,7 @@ def test_fedavg_never_averages_batchnorms_step_counter_into_zero():
                    local_steps=3, batch_size=4)  # fmt: skip
     model = build_model("fedavg-cnn-bn", input_shape=(1, 28, 28), num_classes=10)
     start = [v.numpy().copy() for v in model.state_dict().values()]
-    strategy = METHODS["fedavg"].strategy(settings=run, initial_model=start, layout=layout_of(model))
+    strategy = METHODS["fedavg"].build(settings=run, initial_model=start, layout=layout_of(model))
     rng = np.random.default_rng(0)
     replies = []
     for partition in (0, 1):  # real clients' fit replies, 3 steps each

@@ -106,7 +106,7 @@ def test_no_fit_goes_out_early(why, extra, grid_class, paced, tmp_path):
 
 
 def test_a_method_whose_next_fit_reads_the_evaluation_is_never_overlapped(tmp_path, monkeypatch):
-    fedavg = METHODS["fedavg"].strategy
+    fedavg = METHODS["fedavg"].client  # the method's contract, which its server is built with (Method.build)
     monkeypatch.setattr(fedavg, "contract", dataclasses.replace(fedavg.contract, overlaps_rounds=False))
     strategy, grid = run(config_of("fedavg", tmp_path, "run", **{"eval-every": 1}))
     assert strategy.method.contract.overlaps_rounds is False

@@ -78,7 +78,9 @@ def test_the_public_surface_names_the_methods_the_parser_and_the_two_entry_point
         else:  # a registry (METHODS) is explained by the module's docstring
             assert f"``{name}``" in app.api.__doc__, f"{name} is not explained in app/api.py's docstring"
     fedprox = app.api.method("fedprox")
-    assert (fedprox.strategy.__name__, fedprox.client.__name__) == ("FedProx", "FedProxClient")
+    assert (fedprox.class_name, fedprox.server.__name__, fedprox.client.__name__) == ("FedProx", "FederatedStrategy",
+                                                                                      "FedProxClient")  # fmt: skip
+    assert app.api.FedProx.__name__ == "FedProx" and fedprox.build  # stamen.FedProx: the one class of that name
     assert "fedprox-mu" in fedprox.keys and "local-steps" in fedprox.keys
     with pytest.raises(ConfigError, match="'fedavgg' is not a method; choose one of"):
         app.api.method("fedavgg")

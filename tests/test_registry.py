@@ -32,7 +32,7 @@ def test_the_methods_checked_are_the_base_classes_own():
 @pytest.mark.parametrize("name", list(METHODS))
 def test_no_method_overrides_the_flower_facing_methods_of_the_base_classes(name):
     method = METHODS[name]
-    assert overridden(method.strategy, FederatedStrategy, STRATEGY_METHODS) == [], f"{name}'s strategy"
+    assert overridden(method.server, FederatedStrategy, STRATEGY_METHODS) == [], f"{name}'s server"
     assert overridden(method.client, TorchClient, CLIENT_METHODS) == [], f"{name}'s client"
 
 

@@ -15,10 +15,10 @@ from helpers import (
 )
 from helpers import stand_in_fedavg as make_strategy
 
+from strategies.base import FederatedStrategy
 from strategies.contracts.client_reports import FIT_METRICS
 from strategies.contracts.code import code_identity
-from strategies.methods.fedavg import FedAvg
-from strategies.methods.perfedavg import PerFedAvg
+from strategies.methods.perfedavg import PerFedAvgServer
 from strategies.rounds.records import progress_line
 from strategies.rounds.summaries import summarise, weighted_mean
 from strategies.screening.replies import evaluate_reply_problem, fit_reply_problem
@@ -145,7 +145,7 @@ class StartingNode(FakeNode):
 
 def test_preflight_asks_every_client_and_stops_the_run_with_their_reasons():
     run = settings(strategy="fedavg", preflight=True, min_fit_clients=1, min_available_clients=1)
-    strategy = FedAvg(settings=run, initial_model=arrays(0.0))
+    strategy = FederatedStrategy(settings=run, initial_model=arrays(0.0))
     fleet = FakeFleet(StartingNode("8"), StartingNode("9", error="perfedavg-outer-batch-size 40 must be in [1, 12]"))
     with pytest.raises(RuntimeError, match=r"1 of 2 clients \(node 9\): perfedavg-outer-batch-size 40"):
         start_run(strategy, fleet)
@@ -183,7 +183,7 @@ def test_perfedavg_broadcasts_its_hyperparameters_and_adapts_with_alpha():
     run = settings(strategy="perfedavg", perfedavg_alpha=0.03, perfedavg_beta=0.07, perfedavg_delta=1e-4,
                    perfedavg_variant="so", local_steps=4, batch_size=5, perfedavg_outer_batch_size=6,
                    perfedavg_hessian_batch_size=7, num_server_rounds=2)  # fmt: skip
-    strategy = PerFedAvg(settings=run, initial_model=arrays(0.0))
+    strategy = PerFedAvgServer(settings=run, initial_model=arrays(0.0))
     assert strategy.name == "perfedavg" and run.run.aggregation == "uniform"
     assert strategy.fit_config(3) == {
         "local-steps": 4, "local-epochs": 0.0, "batch-size": 5, "perfedavg-alpha": 0.03, "perfedavg-beta": 0.07,
@@ -191,14 +191,14 @@ def test_perfedavg_broadcasts_its_hyperparameters_and_adapts_with_alpha():
         "perfedavg-curvature-bound": -1.0, "perfedavg-outer-batch-size": 6, "perfedavg-hessian-batch-size": 7,
         "server-round": 3}  # fmt: skip
     assert strategy.evaluate_config() == {"adapt-steps": 1, "adapt-lr": 0.03, "adapt-batch-size": 10}
-    explicit = PerFedAvg(settings=settings(strategy="perfedavg", adapt_lr=0.5),
+    explicit = PerFedAvgServer(settings=settings(strategy="perfedavg", adapt_lr=0.5),
                          initial_model=arrays(0.0))  # fmt: skip
     assert explicit.evaluate_config()["adapt-lr"] == 0.5
 
 
 def test_a_strategy_refuses_another_methods_settings():
-    with pytest.raises(TypeError, match="PerFedAvg needs PerFedAvgSettings, got FedAvgSettings"):
-        PerFedAvg(settings=settings(strategy="fedavg"), initial_model=arrays(0.0))
+    with pytest.raises(TypeError, match="PerFedAvgServer needs PerFedAvgSettings, got FedAvgSettings"):
+        PerFedAvgServer(settings=settings(strategy="fedavg"), initial_model=arrays(0.0))
 
 
 def test_central_evaluation_is_recorded_every_round_on_the_aggregated_model():
@@ -255,7 +255,7 @@ class RayNode(FakeNode):
 def test_the_preflight_counts_the_ray_nodes_the_clients_ran_on_and_the_summary_keeps_them():
     fleet = FakeFleet(*(RayNode(str(cid), node) for cid, node in enumerate(["ray-a", "ray-b", "ray-a", "ray-a",
                                                                              "ray-b"])))  # fmt: skip
-    strategy = FedAvg(settings=settings(strategy="fedavg", min_available_clients=5),
+    strategy = FederatedStrategy(settings=settings(strategy="fedavg", min_available_clients=5),
                       initial_model=[np.zeros(3, dtype=np.float32)])  # fmt: skip
     start_run(strategy, fleet)
     assert strategy.nodes.ray_nodes() == {"ray-a": 3, "ray-b": 2}
@@ -267,7 +267,7 @@ def test_the_preflight_counts_the_ray_nodes_the_clients_ran_on_and_the_summary_k
 def test_outside_ray_no_ray_node_is_reported():
     from clients.base import ray_node
 
-    strategy = FedAvg(settings=settings(strategy="fedavg", min_available_clients=3),
+    strategy = FederatedStrategy(settings=settings(strategy="fedavg", min_available_clients=3),
                       initial_model=[np.zeros(3, dtype=np.float32)])  # fmt: skip
     start_run(strategy, FakeFleet(*(RayNode(str(cid), "") for cid in range(3))))
     assert strategy.nodes.ray_nodes() == {} and "ray-nodes" not in strategy.summary("completed")
@@ -353,7 +353,7 @@ def test_the_global_model_is_summarised_only_where_the_replies_test_one():
 def test_begin_round_sees_the_chosen_partitions_before_any_message_is_built():
     calls = []
 
-    class PerClient(FedAvg):
+    class PerClient(FederatedStrategy):
         def begin_round(self, server_round, partitions, purpose):
             calls.append((server_round, list(partitions), purpose))
             self.payloads = {p: arrays(float(p)) for p in partitions}

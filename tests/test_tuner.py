@@ -26,7 +26,7 @@ from clients.models import build_model
 from clients.perfedavg import PerFedAvgClient
 from clients.training import axpy, model_loss
 from datasets import ClientData
-from strategies.methods.perfedavg import PerFedAvg
+from strategies.methods.perfedavg import PerFedAvgServer
 from strategies.tuning.fathom_math import FathomState, RoundAggregate, cosine, fathom_update
 
 SHAPES = [(2, 3), (3,)]
@@ -95,7 +95,7 @@ def test_the_tuners_keys_are_not_reported_as_unused():
 
 def strategy_with_clients(run, count):
     """A Per-FedAvg strategy from a zero model, and a fleet of ``count`` stand-in nodes: (strategy, fleet, nodes)."""
-    strategy = PerFedAvg(settings=run, initial_model=zero_model())
+    strategy = PerFedAvgServer(settings=run, initial_model=zero_model())
     nodes = [FakeNode(str(i)) for i in range(count)]
     return strategy, FakeFleet(*nodes), nodes
 
@@ -141,7 +141,7 @@ def test_tuned_per_fedavg_broadcasts_beta_moves_it_by_fathoms_rule_and_rejects_r
 
     # a checkpoint keeps the tuner; a resumed strategy broadcasts the same values
     checkpoint = strategy.checkpoint(2)
-    again = PerFedAvg(settings=run, initial_model=zero_model())
+    again = PerFedAvgServer(settings=run, initial_model=zero_model())
     again.resume(checkpoint)
     assert again.fit_config(3) == values
 

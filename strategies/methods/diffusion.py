@@ -18,7 +18,7 @@ from strategies.rounds.checkpoint import CheckpointError
 from strategies.screening.replies import Reply
 
 
-class Diffusion(FederatedStrategy):
+class DiffusionServer(FederatedStrategy):
     """Asynchronous diffusion with random participation and neighbour subsampling (ALGORITHMS.md section 3).
 
     The server plays the network: it holds one model per agent (agent = partition,

@@ -14,7 +14,7 @@ from strategies.contracts.payload import Scalar
 from strategies.screening.replies import Reply
 
 
-class Fathom(FederatedStrategy):
+class FathomServer(FederatedStrategy):
     """FedAvg with FATHOM's online hyperparameter updates (ALGORITHMS.md section 2).
 
     The tuner part (:class:`strategies.tuning.tuner.FathomTuner`, which ``tune = "fathom"`` puts

@@ -16,7 +16,7 @@ from strategies.rounds.checkpoint import CheckpointError
 from strategies.screening.replies import Reply
 
 
-class FedAmp(FederatedStrategy):
+class FedAmpServer(FederatedStrategy):
     """FedAMP (Huang et al., AAAI 2021), Algorithm 1, on Flower.
 
     The server keeps every client's last model ``w_j`` (the initial model until the client

@@ -21,7 +21,7 @@ def global_prototypes(prototypes: np.ndarray, counts: np.ndarray) -> tuple[np.nd
     return (weighted / np.maximum(total, 1.0)[:, None]).astype(np.float32), total.astype(np.float32)
 
 
-class FedProto(FederatedStrategy):
+class FedProtoServer(FederatedStrategy):
     """FedProto (Tan et al., AAAI 2022), Algorithm 1, on Flower: no model travels.
 
     The contract keeps every client's whole model at home (``WholeModel``); each fit

@@ -11,7 +11,7 @@ from strategies.contracts.payload import Scalar
 from strategies.contracts.perfedavg import CONTRACT
 
 
-class PerFedAvg(FederatedStrategy):
+class PerFedAvgServer(FederatedStrategy):
     """Per-FedAvg (Fallah, Mokhtari, Ozdaglar 2020), Algorithm 1, on Flower.
 
     Each round the server samples ``fraction-fit`` of the clients and sends them the

@@ -10,7 +10,7 @@ from strategies.contracts.pfedme import CONTRACT
 from strategies.screening.replies import Reply
 
 
-class PFedMe(FederatedStrategy):
+class PFedMeServer(FederatedStrategy):
     """pFedMe (T. Dinh, Tran, Nguyen, NeurIPS 2020), Algorithm 1, on Flower.
 
     Each round the sampled clients (``clients.pfedme.PFedMeClient``) receive ``w`` with the

@@ -11,7 +11,7 @@ from strategies.contracts.scaffold import CONTRACT, CONTROL, DELTA_CONTROL
 from strategies.screening.replies import Reply
 
 
-class Scaffold(FederatedStrategy):
+class ScaffoldServer(FederatedStrategy):
     """SCAFFOLD (Karimireddy et al., ICML 2020), Algorithm 1 with option II, on Flower.
 
     The server keeps the control variate ``c`` (zero at first, shaped like the model) and
