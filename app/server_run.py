@@ -21,9 +21,10 @@ from app.results.provenance import run_provenance
 from app.results.run_folder import earlier_run_problem, run_directory, write_refusal
 from app.results.writer import ResultWriter
 from app.workdir import resolved
-from clients.base import torch_device
+from clients.batches import to_tensor
+from clients.evaluation import accuracy_and_loss
 from clients.models import build_model, layout_of, parameter_count
-from clients.training import accuracy_and_loss, to_tensor
+from clients.runtime import torch_device
 from datasets import dataset_shape, load_source
 from strategies.base import FederatedStrategy
 from strategies.contracts.common import DataSettings, ExecutionSettings, RunSettings

@@ -51,9 +51,10 @@ from bench.harness import (  # noqa: E402
     results_folder,
     write_report,
 )
+from clients.batches import to_tensor
+from clients.losses import axpy, gradient, model_loss
 from clients.meta import finite_difference_hvp, hessian_vector_product, meta_gradient  # noqa: E402
 from clients.models import build_model  # noqa: E402
-from clients.training import axpy, gradient, model_loss, to_tensor  # noqa: E402
 from datasets.leaf import load_femnist  # noqa: E402
 
 DATA = SHARED_DATA / "femnist-leaf"

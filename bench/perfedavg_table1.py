@@ -49,10 +49,10 @@ from bench.perfedavg_setup import (  # noqa: E402
     Row,
     run_config,
 )
+from clients.losses import model_loss
 from clients.meta import meta_gradient  # noqa: E402
 from clients.models import build_model  # noqa: E402
 from clients.perfedavg import PerFedAvgClient  # noqa: E402
-from clients.training import model_loss  # noqa: E402
 from datasets import ClientData  # noqa: E402
 
 # diff. hetero.: the second half keep only their 34 images of one digit 5-9, and Per-FedAvg refuses

@@ -35,8 +35,9 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
 from app.local.inprocess import InProcessRun  # noqa: E402
 from bench.fathom_setup import PROBE, Start, run_config  # noqa: E402
 from bench.harness import RESULTS, SHARED_DATA, machine, write_report  # noqa: E402
+from clients.batches import to_tensor
+from clients.losses import axpy, gradient, model_loss
 from clients.models import build_model  # noqa: E402
-from clients.training import axpy, gradient, model_loss, to_tensor  # noqa: E402
 from datasets.leaf import load_femnist  # noqa: E402
 from strategies.contracts.client_reports import START_LOSS, TRAIN_LOSS  # noqa: E402
 from strategies.tuning.start_probe import local_progress  # noqa: E402

@@ -20,7 +20,7 @@ by whether the example's class occurs in that client's training split:
   B9's FEMNIST runs were recorded at an earlier stop, and a rerun of its FedAvg + update
   run with its own driver gives 74.3 where it recorded 74.7.
 
-The predictions are read by wrapping ``clients.training.accuracy_and_loss`` during the
+The predictions are read by wrapping ``clients.evaluation.accuracy_and_loss`` during the
 final evaluation: each client's last call on its own test split is the one it reports
 (for a client with a personal model, that model's), and the script raises if the captured
 predictions do not give the accuracy the clients reported.
@@ -41,7 +41,7 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
     import harness  # noqa: F401
 
 import clients.base  # noqa: E402
-import clients.training  # noqa: E402
+import clients.evaluation  # noqa: E402
 from bench.harness import RESULTS, SHARED_DATA, RunLog, arguments, machine, results_folder, write_report  # noqa: E402
 from bench.personalised_setup import DATASETS, TUNED_KEY_FIELDS, keys_of, tuned_run_config  # noqa: E402
 
@@ -75,7 +75,7 @@ class Predictions:
 
     def __init__(self) -> None:
         self.last: dict[int, torch.Tensor] = {}  # id(y) -> the last call's per-example correctness
-        self.original = clients.training.accuracy_and_loss
+        self.original = clients.evaluation.accuracy_and_loss
 
     def __enter__(self) -> Predictions:
         def wrapped(model, x, y, chunk: int = 2048):
@@ -86,11 +86,11 @@ class Predictions:
             self.last[id(y)] = (predicted == y).cpu()
             return result
 
-        clients.training.accuracy_and_loss = clients.base.accuracy_and_loss = wrapped
+        clients.evaluation.accuracy_and_loss = clients.base.accuracy_and_loss = wrapped
         return self
 
     def __exit__(self, *exc: object) -> None:
-        clients.training.accuracy_and_loss = clients.base.accuracy_and_loss = self.original
+        clients.evaluation.accuracy_and_loss = clients.base.accuracy_and_loss = self.original
 
 
 def seen_and_unseen(correct: torch.Tensor, test_y: torch.Tensor, train_y: torch.Tensor) -> tuple[int, int, int, int]:

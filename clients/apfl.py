@@ -6,19 +6,9 @@ import numpy as np
 import torch
 
 from clients.base import TorchClient
-from clients.training import (
-    Batch,
-    LossFn,
-    Params,
-    TrainReport,
-    axpy,
-    batch_indices,
-    batches_of,
-    gradient,
-    model_loss,
-    steps_for,
-    write_parameters,
-)
+from clients.batches import Batch, batch_indices, batches_of, steps_for
+from clients.losses import LossFn, Params, axpy, gradient, model_loss
+from clients.training import TrainReport, write_parameters
 from strategies.contracts.apfl import CONTRACT, MIXING, PERSONAL_LOSS, ApflSettings
 from strategies.contracts.common import TrainingSettings
 

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
-import math
-import sys
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from logging import WARNING
 from typing import ClassVar
 
@@ -16,94 +13,24 @@ from flwr.client import NumPyClient
 from flwr.common.logger import log
 from torch import Tensor, nn
 
+from clients.batches import batch_problem, to_tensor
+from clients.evaluation import PersonalisedResult, accuracy_and_loss, personalised_evaluation
 from clients.models import layout_of
+from clients.node_report import node_properties
+from clients.replies import evaluation_metrics, fit_metrics, unpacked
+from clients.runtime import round_generator, torch_device
 from clients.state import ClientState
-from clients.training import (
-    Alignment,
-    BatchTerm,
-    ExtraLoss,
-    PersonalisedResult,
-    Step,
-    TrainReport,
-    accuracy_and_loss,
-    batch_indices,
-    batches_of,
-    personalised_evaluation,
-    steps_for,
-    to_tensor,
-    train_steps,
-)
-from clients.unavailable import UnavailableClient
-from datasets import ClientData, LocalDataError, class_counts
-from strategies.contracts.client_reports import (
-    ACCURACY,
-    DATA_DIR,
-    DATA_FINGERPRINT,
-    GLOBAL_ACCURACY,
-    GLOBAL_LOSS,
-    GRAD_EVALS,
-    HVP_EVALS,
-    LOCAL_STEPS,
-    NUM_PARTITIONS,
-    NUM_TEST,
-    NUM_TRAIN,
-    PARTITION_ID,
-    RAY_NODE,
-    SAMPLE_GRADS,
-    SMALL_BATCH,
-    START_LOSS,
-    TEST_CLASSES,
-    TRAIN_CLASSES,
-    TRAIN_LOSS,
-)
-from strategies.contracts.code import code_identity
+from clients.training import Alignment, Step, TrainReport, local_sgd, watching
+from datasets import ClientData
+from strategies.contracts.client_reports import PARTITION_ID
 from strategies.contracts.common import TrainingSettings
 from strategies.contracts.contract import Contract, MethodSettings
 from strategies.contracts.fathom import PHI
 from strategies.contracts.fedavg import CONTRACT as FEDAVG
-from strategies.contracts.keys import ConfigError
-from strategies.contracts.payload import LAYOUT, MODEL, PayloadError, pack, sets_problem, unpack
+from strategies.contracts.payload import MODEL, pack
 from strategies.contracts.settings import Settings
 
 PERSONAL_LAYERS = "personal-layers"  # the name under which a client keeps its personal arrays in Context.state
-
-
-def round_generator(seed: int, partition_id: int, server_round: int, purpose: str) -> np.random.Generator:
-    """A generator that depends only on (seed, partition, round, purpose): reproducible runs."""
-    digest = hashlib.sha256(f"{seed}/{partition_id}/{server_round}/{purpose}".encode()).digest()
-    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
-
-
-def ray_node() -> str:
-    """The id of the Ray node this process runs on, or "" outside a Ray worker.
-
-    Looked up only where Ray is already imported (a simulation's ClientApp actor), so
-    a deployed SuperNode never imports it.
-    """
-    ray = sys.modules.get("ray")
-    if ray is None or not ray.is_initialized():
-        return ""
-    return str(ray.get_runtime_context().get_node_id())
-
-
-def torch_device(name: str) -> torch.device:
-    """The device to compute on: CUDA when asked for or (``auto``) when present.
-
-    Raises
-    ------
-    ConfigError
-        If ``cuda`` is asked for and torch sees no CUDA device here; naming the key
-        now saves a traceback from deep inside torch at the first tensor moved.
-
-    """
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(
-            "run config key 'device': 'cuda' was asked for but torch sees no CUDA device; use device = \"auto\" "
-            "or \"cpu\", or give clients GPUs with client-resources-num-gpus"
-        )
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda")
-    return torch.device("cpu")
 
 
 class TorchClient(NumPyClient):
@@ -220,76 +147,27 @@ class TorchClient(NumPyClient):
     def check(self, training: TrainingSettings, method: MethodSettings) -> None:
         """Raise ``ValueError`` if the round's settings cannot work on this client's data.
 
-        The base refuses an empty training set; under ``strict-batches``, a batch size
-        larger than the training set (otherwise such a batch takes min(b, n) examples);
-        and a batch the model cannot train on: with BatchNorm (the model's card), one that
-        this client's training set cuts below two examples. A method that adds rules
-        calls this first.
+        The base refuses what :func:`clients.batches.batch_problem` names (an empty training
+        set, a batch the model cannot train on). A method that adds rules calls this first.
         """
-        num = len(self.train_y)
-        if num == 0:
-            raise ValueError(f"this client has no training examples{self._where()}")
+        where = f" in {self.data_dir}" if self.data_dir else ""
         sizes = self.batch_sizes(training, method)
-        if training.strict_batches:
-            for name, size in sizes.items():
-                if size > num:
-                    raise ValueError(f"{name} {size} must be in [1, {num}] (this client's training examples"
-                                     f"{self._where()}; strict-batches = true)")  # fmt: skip
-        low = self.model_card.min_batch
-        if training.adapt_steps > 0:
-            sizes = {**sizes, "adapt-batch-size": training.adapt_batch_size or num}
-        for name, size in sizes.items():
-            if min(size, num) < low:
-                raise ValueError(f"{name} {size}: this client's batches would hold {min(size, num)} example(s) (it "
-                                 f"has {num}{self._where()}); model {self.model_card.name!r} ({self.model_card.norm} "
-                                 f"norm) trains on at least {low}")  # fmt: skip
+        if problem := batch_problem(len(self.train_y), sizes, training, self.model_card, where=where):
+            raise ValueError(problem)
 
-    def _where(self) -> str:
-        return f" in {self.data_dir}" if self.data_dir else ""
-
-    # ----------------------------------------------------------------- helpers
-
-    def local_sgd(
-        self,
-        training: TrainingSettings,
-        rng: np.random.Generator,
-        *,
-        lr: float | None = None,
-        steps: int | None = None,
-        batch_size: int | None = None,
-        extra_loss: ExtraLoss | None = None,
-        batch_term: BatchTerm | None = None,
-        on_step: Callable[[Step], None] | None = None,
-        trainable: Collection[str] | None = None,
-    ) -> TrainReport:
+    def local_sgd(self, training: TrainingSettings, rng: np.random.Generator, **options: object) -> TrainReport:
         """SGD on this client's training data: ``lr``, ``batch-size`` and ``local-steps`` or ``local-epochs``.
 
-        A method may change the step size, the number of steps, the batch size, add a
-        loss term of the parameters (``extra_loss``) or of the batch and the model's pass
-        over it (``batch_term``: output and representation), watch every step, or train
-        only some parameters (``trainable``, by name; the rest frozen) (see
-        :func:`clients.training.train_steps`).
+        ``options`` change the step size (``lr``), the steps, the batch size, add a loss
+        term (``extra_loss``, ``batch_term``), watch every step (``on_step``) or train only
+        some parameters (``trainable``): :func:`clients.training.local_sgd`.
         """
-        num = len(self.train_y)
-        batch_size = training.batch_size if batch_size is None else batch_size
-        if steps is None:
-            steps = steps_for(num, batch_size, training.local_steps, training.local_epochs)
-        batches = batches_of(self.train_x, self.train_y, batch_indices(num, batch_size, steps, rng))
-        return train_steps(self.model, batches, training.lr if lr is None else lr, extra_loss=extra_loss,
-                           batch_term=batch_term, on_step=self.watched(on_step), trainable=trainable)  # fmt: skip
+        options["on_step"] = self.watched(options.get("on_step"))
+        return local_sgd(self.model, self.train_x, self.train_y, training, rng, **options)
 
     def watched(self, on_step: Callable[[Step], None] | None = None) -> Callable[[Step], None] | None:
         """``on_step``, and in a tuned run also the round's :class:`Alignment`; pass it to ``train_steps``."""
-        if self.alignment is None:
-            return on_step
-        if on_step is None:
-            return self.alignment
-
-        def both(step: Step) -> None:
-            on_step(step)
-            self.alignment(step)
-
-        return both
+        return watching(self.alignment, on_step)
 
     def settings_for(self, config: dict) -> tuple[TrainingSettings, MethodSettings]:
         """The run's settings, updated with the values the server sent under the same keys."""
@@ -298,44 +176,12 @@ class TorchClient(NumPyClient):
     # ------------------------------------------------------------- NumPyClient
 
     def get_properties(self, config: dict) -> dict:
-        """Partition and sizes; with a fit config, also whether it suits this client's data.
+        """The preflight's answer: partition, sizes, data and code; with a fit config, whether it suits this data.
 
         A config this client cannot serve is reported as data (``preflight-error``), not
-        raised: Flower would print a traceback per client (see ``clients/unavailable.py``).
+        raised (:func:`clients.node_report.node_properties`).
         """
-        properties = {PARTITION_ID: self.partition_id, NUM_PARTITIONS: self.num_partitions, DATA_DIR: self.data_dir,
-                      NUM_TRAIN: len(self.train_y), NUM_TEST: len(self.test_y), RAY_NODE: ray_node(),
-                      **code_identity()}  # fmt: skip
-        try:
-            properties.update(self.data_summary())
-        except Exception as err:  # arrays their loader let through (an app's own, say): one line, not a traceback
-            where = self.data_dir or f"partition {self.partition_id}"
-            error = LocalDataError(f"the data of {where} cannot be summarised ({type(err).__name__}: {err})")
-            return {**properties, **self.unavailable(error, config)}
-        try:
-            self.check(*self.settings_for(config))
-        except ValueError as err:
-            properties.update(self.unavailable(err, config))
-        return properties
-
-    def unavailable(self, error: Exception, config: dict) -> dict:
-        """The properties saying why this client cannot serve: ``error``, and whose fault it is.
-
-        A device's own data is its own fault (the run goes on without it); a partition's
-        is the run's config.
-        """
-        report = UnavailableClient(error=error, partition_id=self.partition_id, num_partitions=self.num_partitions,
-                                   data_dir=self.data_dir, scope="node" if self.data_dir else "run")  # fmt: skip
-        return report.get_properties(config)
-
-    def data_summary(self) -> dict[str, str]:
-        """The data's fingerprint and, for a classifier, the examples of each class (``"0:40 3:12"``) per split."""
-        summary = {DATA_FINGERPRINT: self.data.fingerprint()}
-        if not self.train_y.is_floating_point():  # classifiers: which classes this client holds
-            for name, labels in ((TRAIN_CLASSES, self.train_y), (TEST_CLASSES, self.test_y)):
-                counts = class_counts(labels.cpu().numpy(), 0)
-                summary[name] = " ".join(f"{c}:{n}" for c, n in counts.items())
-        return summary
+        return node_properties(self, config)
 
     def get_parameters(self, config: dict) -> list[np.ndarray]:
         # copies: the caller must not see later in-place training through shared memory
@@ -365,16 +211,7 @@ class TorchClient(NumPyClient):
             If the arrays do not match their layout, or the sets are not those the contract sends.
 
         """
-        try:
-            sets = unpack(parameters, config.get(LAYOUT))
-        except PayloadError as err:
-            raise ValueError(f"{self.contract.name} client: {err}") from err
-        model = sets.pop(MODEL, [])
-        if problem := sets_problem(list(sets), self.contract.sends, purpose):
-            raise ValueError(f"{self.contract.name} client: {problem} (is the server's code another version of "
-                             "stamen?)")  # fmt: skip
-        if len(model) != len(self.shared_names):
-            raise ValueError(f"expected {len(self.shared_names)} arrays, received {len(model)}")
+        model, sets = unpacked(parameters, config, purpose, contract=self.contract, model_size=len(self.shared_names))
         state = OrderedDict((k, torch.as_tensor(np.asarray(v))) for k, v in zip(self.shared_names, model, strict=True))
         if self.personal_names:
             kept = self.state.arrays(PERSONAL_LAYERS)
@@ -428,12 +265,8 @@ class TorchClient(NumPyClient):
             log(WARNING, "partition %s: round %s gave non-finite values; %s kept unchanged", self.partition_id,
                 config.get("server-round"), ", ".join(self.state.non_finite) or "what this client keeps")  # fmt: skip
             self.state.restore(kept)
-        metrics = {TRAIN_LOSS: report.mean_loss, LOCAL_STEPS: report.steps, GRAD_EVALS: report.grad_evals,
-                   HVP_EVALS: report.hvp_evals, SAMPLE_GRADS: report.sample_grads, PARTITION_ID: self.partition_id,
-                   SMALL_BATCH: int(small), **report.extra, LAYOUT: layout}  # fmt: skip
-        if math.isfinite(report.first_loss):  # a method that steps through train_steps knows it
-            metrics[START_LOSS] = report.first_loss
-        return arrays, len(self.train_y), metrics
+        return arrays, len(self.train_y), fit_metrics(report, partition_id=self.partition_id, small_batch=small,
+                                                      layout=layout)  # fmt: skip
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
         """Personalised evaluation: adapt a copy on own training data, test on own test split.
@@ -462,11 +295,6 @@ class TorchClient(NumPyClient):
 
         A client with personal arrays has no global model to test: its reply carries no ``global-*``.
         """
-        metrics = {GRAD_EVALS: result.grad_evals, PARTITION_ID: self.partition_id}
-        if not self.personal_names:
-            metrics[GLOBAL_LOSS] = result.global_loss
-        if not self.test_y.is_floating_point():  # classifiers; least squares has losses only
-            metrics[ACCURACY] = result.accuracy
-            if not self.personal_names:
-                metrics[GLOBAL_ACCURACY] = result.global_accuracy
+        metrics = evaluation_metrics(result, partition_id=self.partition_id, global_model=not self.personal_names,
+                                     classifier=not self.test_y.is_floating_point())  # fmt: skip
         return result.loss, len(self.test_y), metrics

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from clients.base import TorchClient
-from clients.training import TrainReport, proximal_term, steps_for
+from clients.batches import steps_for
+from clients.losses import proximal_term
+from clients.training import TrainReport
 from strategies.contracts.common import TrainingSettings
 from strategies.contracts.ditto import CONTRACT, PERSONAL_LOSS, PERSONAL_ROUNDS, DittoSettings
 

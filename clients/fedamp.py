@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from clients.base import TorchClient
-from clients.training import TrainReport, proximal_term
+from clients.losses import proximal_term
+from clients.training import TrainReport
 from strategies.contracts.common import TrainingSettings
 from strategies.contracts.fedamp import CONTRACT, FedAmpSettings
 

@@ -10,7 +10,9 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from clients.base import TorchClient
-from clients.training import Batch, Forward, Params, TrainReport
+from clients.batches import Batch
+from clients.losses import Forward, Params
+from clients.training import TrainReport
 from strategies.contracts.common import TrainingSettings
 from strategies.contracts.fedproto import CONTRACT, COUNTS, PROTOTYPES, FedProtoSettings
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from clients.base import TorchClient
-from clients.training import TrainReport, steps_for
+from clients.batches import steps_for
+from clients.training import TrainReport
 from strategies.contracts.common import TrainingSettings
 from strategies.contracts.fedrep import CONTRACT, HEAD_LOSS, FedRepSettings
 

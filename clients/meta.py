@@ -26,7 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from clients.training import Batch, ExtraLoss, LossFn, Params, Step, axpy, gradient
+from clients.batches import Batch
+from clients.losses import ExtraLoss, LossFn, Params, axpy, gradient
+from clients.training import Step
 from strategies.contracts.perfedavg import VARIANTS
 
 

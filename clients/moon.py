@@ -8,7 +8,9 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from clients.base import TorchClient
-from clients.training import Batch, Forward, Params, TrainReport, features_at
+from clients.batches import Batch
+from clients.losses import Forward, Params, features_at
+from clients.training import TrainReport
 from strategies.contracts.common import TrainingSettings
 from strategies.contracts.moon import CONTRACT, MoonSettings
 

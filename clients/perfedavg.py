@@ -7,8 +7,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from clients.base import TorchClient
+from clients.batches import Batch, batches_of, steps_for
 from clients.meta import meta_direction
-from clients.training import Batch, TrainReport, batches_of, steps_for, train_steps
+from clients.training import TrainReport, train_steps
 from strategies.contracts.common import TrainingSettings
 from strategies.contracts.perfedavg import CONTRACT, PerFedAvgSettings
 

@@ -8,20 +8,9 @@ import numpy as np
 import torch
 
 from clients.base import TorchClient
-from clients.training import (
-    Batch,
-    LossFn,
-    Params,
-    TrainReport,
-    axpy,
-    batch_indices,
-    batches_of,
-    gradient,
-    model_loss,
-    proximal_term,
-    steps_for,
-    write_parameters,
-)
+from clients.batches import Batch, batch_indices, batches_of, steps_for
+from clients.losses import LossFn, Params, axpy, gradient, model_loss, proximal_term
+from clients.training import TrainReport, write_parameters
 from strategies.contracts.common import TrainingSettings
 from strategies.contracts.pfedme import CONTRACT, PERSONAL_DISTANCE, PFedMeSettings
 

@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from clients.base import TorchClient
-from clients.training import ExtraLoss, Params, TrainReport
+from clients.losses import ExtraLoss, Params
+from clients.training import TrainReport
 from strategies.contracts.common import TrainingSettings
 from strategies.contracts.scaffold import CONTRACT, CONTROL, CORRECTION_NORM, DELTA_CONTROL, ScaffoldSettings
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from app.config import ConfigError, model_layout, parse_settings
-from clients.training import to_tensor
+from clients.batches import to_tensor
 from datasets import ArraySource, DataSpec, NotEnoughDataError, PartitionSpec, load_client_data, partition
 from datasets.feature_shift import LUMA, colour_transform, shift_colours
 from datasets.partition import PRACTICAL_MIN_EXAMPLES, pathological_counts

@@ -3,9 +3,9 @@ import pytest
 import torch
 from conftest import settings
 
+from clients.batches import batch_indices, steps_for
 from clients.fedavg import FedAvgClient
 from clients.models import build_model, parameter_count
-from clients.training import batch_indices, steps_for
 from datasets import ClientData
 
 

@@ -7,10 +7,10 @@ from conftest import settings
 from torch.func import functional_call, grad, jvp
 from torch.nn import functional as F
 
+from clients.losses import model_loss
 from clients.meta import finite_difference_hvp, hessian_vector_product, meta_gradient
 from clients.models import build_model
 from clients.perfedavg import PerFedAvgClient
-from clients.training import model_loss
 from datasets import ClientData
 
 ALPHA = 0.1

@@ -20,7 +20,7 @@ from app.client_app import client_fn
 from app.config import ConfigError, check_on_server, ignored_keys, parse_settings
 from app.local.message_grid import NODE_BASE, InProcessGrid
 from app.message_client import serving
-from clients.base import torch_device
+from clients.runtime import torch_device
 from datasets import DataUnavailableError
 from datasets.leaf import load_femnist
 from strategies.base import FederatedStrategy

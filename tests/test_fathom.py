@@ -10,10 +10,10 @@ from helpers import aggregate_fit, configure_fit, received
 from torch.nn import functional as F
 
 from app.config import ConfigError
-from clients.base import round_generator
+from clients.batches import batch_indices
 from clients.fathom import FathomClient, client_plan
 from clients.models import build_model
-from clients.training import batch_indices
+from clients.runtime import round_generator
 from datasets import ClientData
 from strategies.contracts.fathom import CONTRACT, FathomSettings
 from strategies.methods.fathom import FathomServer

@@ -265,7 +265,7 @@ def test_the_preflight_counts_the_ray_nodes_the_clients_ran_on_and_the_summary_k
 
 
 def test_outside_ray_no_ray_node_is_reported():
-    from clients.base import ray_node
+    from clients.runtime import ray_node
 
     strategy = FederatedStrategy(settings=settings(strategy="fedavg", min_available_clients=3),
                       initial_model=[np.zeros(3, dtype=np.float32)])  # fmt: skip

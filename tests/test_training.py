@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from clients.losses import gradient, model_loss, proximal_term
 from clients.models import build_model
-from clients.training import gradient, model_loss, proximal_term, train_steps
+from clients.training import train_steps
 from strategies.contracts.keys import key_name
 
 
@@ -95,7 +96,7 @@ def test_a_batch_term_is_refused_with_a_meta_direction():
 
 
 def test_features_at_other_parameters_leaves_the_models_batchnorm_statistics_alone():
-    from clients.training import features_at
+    from clients.losses import features_at
 
     model = build_model("fedavg-cnn-bn", input_shape=(1, 28, 28), num_classes=10, seed=0).train()
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -20,11 +20,11 @@ from helpers import aggregate_fit, configure_evaluate, configure_fit, received
 from app.config import ConfigError, ignored_keys, parse_settings, tuned_keys
 from app.local.inprocess import InProcessRun
 from app.registry import METHODS
-from clients.base import round_generator
+from clients.losses import axpy, model_loss
 from clients.meta import meta_gradient
 from clients.models import build_model
 from clients.perfedavg import PerFedAvgClient
-from clients.training import axpy, model_loss
+from clients.runtime import round_generator
 from datasets import ClientData
 from strategies.methods.perfedavg import PerFedAvgServer
 from strategies.tuning.fathom_math import FathomState, RoundAggregate, cosine, fathom_update

@@ -43,15 +43,15 @@ def test_the_captured_predictions_give_the_accuracy_the_clients_reported(method)
 
 
 def test_the_wrapper_is_removed_and_keeps_the_last_call_per_test_split():
-    import clients.training
+    import clients.evaluation
 
-    original = clients.training.accuracy_and_loss
+    original = clients.evaluation.accuracy_and_loss
     model = torch.nn.Linear(2, 2)
     with torch.no_grad():
         model.weight.copy_(torch.eye(2))
         model.bias.zero_()
     x, y = torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 1.0]]), torch.tensor([0, 0, 0])
     with Predictions() as predictions:
-        accuracy, _ = clients.training.accuracy_and_loss(model, x, y)
-    assert clients.training.accuracy_and_loss is original
+        accuracy, _ = clients.evaluation.accuracy_and_loss(model, x, y)
+    assert clients.evaluation.accuracy_and_loss is original
     assert predictions.last[id(y)].tolist() == [True, False, True] and accuracy == 2 / 3
