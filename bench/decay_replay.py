@@ -22,7 +22,7 @@ if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness p
     import harness  # noqa: F401
 
 from bench.harness import RESULTS, write_report  # noqa: E402
-from strategies.tuning.fathom_math import overshooting, stationary  # noqa: E402
+from strategies.tuning.stationarity import overshooting, stationary
 
 WINDOW = 5
 TESTS = {"stationary": stationary, "overshoot": overshooting}

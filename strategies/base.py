@@ -1,4 +1,4 @@
-"""The method object every stamen method subclasses: FedAvg with personalised evaluation, composed of members.
+"""The method object: a method's settings and members over its hooks (FedAvg's, unless a method overrides them).
 
 :class:`FederatedStrategy` holds the run's settings and the method's hooks, and composes
 members that take their inputs as arguments (``tests/test_part_members.py`` checks that
@@ -11,11 +11,11 @@ Flower's messages reach it through the round engine (:class:`strategies.flower.r
 which calls :meth:`FederatedStrategy.end_round` to close a round: the record goes to the
 watch, then the divergence watch, checkpoints and the run's end.
 
-A method subclasses :class:`FederatedStrategy`, names its contract and overrides a few
-hooks (``hyperparameters``, ``tuning``, ``evaluate_config``, ``sample_fit``,
-``sample_evaluate``, ``begin_round``, ``parameters_for``, ``payload_for``,
-``payload_shapes``, ``payload_dtypes``, ``combine``, ``start``, ``state``/``restore``,
-``finish``, ``divergence_hint``): the table of what each decides and who overrides it
+A method whose server differs subclasses :class:`FederatedStrategy`, names its contract and
+overrides a few hooks (:class:`strategies.methods.hooks.FedAvgHooks`: ``hyperparameters``,
+``tuning``, ``evaluate_config``, ``sample_fit``, ``sample_evaluate``, ``begin_round``,
+``parameters_for``, ``payload_for``, ``payload_shapes``, ``payload_dtypes``, ``combine``,
+``start``, ``state``/``restore``, ``finish``, ``divergence_hint``): the table of what each decides and who overrides it
 is in ``docs/architecture.md``. What travels beside the model is declared in the contract
 (``sends``, ``returns``) and packed by name (``strategies.contracts.payload``); a method
 with personal layers (``personal``) has only its shared arrays sent, screened and
@@ -25,19 +25,17 @@ averaged, while the global model keeps the rest at their initial values.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from logging import WARNING
 from typing import ClassVar
 
 import numpy as np
-from flwr.common.logger import log
 
-from strategies.aggregation.rules import aggregate
 from strategies.contracts.client_reports import EVALUATE_METRICS, FIT_METRICS
 from strategies.contracts.contract import Contract
 from strategies.contracts.fedavg import CONTRACT as FEDAVG
 from strategies.contracts.models import ModelLayout
 from strategies.contracts.payload import Scalar
-from strategies.contracts.settings import MethodSettings, Settings
+from strategies.contracts.settings import Settings
+from strategies.methods.hooks import FedAvgHooks
 from strategies.nodes.directory import NodeDirectory
 from strategies.rounds.checkpoint import Checkpoint
 from strategies.rounds.divergence import DivergenceWatch
@@ -46,7 +44,6 @@ from strategies.rounds.phases import PREFLIGHT_LOG, RoundPhases
 from strategies.rounds.recorder import NullRecorder, Recorder
 from strategies.rounds.run_checkpoints import RunCheckpoints
 from strategies.rounds.run_watch import RunDivergedError, RunWatch
-from strategies.rounds.sampling import sample_partitions, sample_size
 from strategies.screening.replies import Received, Reply
 from strategies.screening.reply_screen import ReplyScreen, describe_failure
 from strategies.screening.update_screen import UpdateNormScreen
@@ -55,7 +52,7 @@ from strategies.tuning.tuner import PHI_METRIC, FathomTuner
 __all__ = ["PREFLIGHT_LOG", "FederatedStrategy", "RunDivergedError", "describe_failure"]
 
 
-class FederatedStrategy:
+class FederatedStrategy(FedAvgHooks):
     """FedAvg, hardened against bad clients, seeded, with personalised evaluation and per-round records.
 
     Every training reply is screened (array count and shapes, finite values, positive
@@ -207,122 +204,6 @@ class FederatedStrategy:
         tuned = self.tuner.values() if self.tuner is not None else {}
         return {**self.hyperparameters(), **tuned, "server-round": server_round}
 
-    # ------------------------------------------------------------------ hooks
-
-    def hyperparameters(self) -> dict[str, Scalar]:
-        """The values in force: the shared keys the contract uses and the method's keys clients read."""
-        training = self.settings.training.values()
-        method = self.method.values()
-        own = {k: method[k] for k in self.contract.broadcast_keys()}
-        return {**{k: training[k] for k in self.contract.uses}, **own}
-
-    def tuning(self) -> MethodSettings | None:
-        """The tuner's settings when the values in force move every round (``tune = "fathom"``), else ``None``."""
-        return self.settings.tuner
-
-    def evaluate_config(self) -> dict[str, Scalar]:
-        """What every evaluate config holds besides ``server-round``: the adaptation (``adapt-lr`` 0 means ``lr``).
-
-        A contract that does not adapt at test (``adapts_at_test``) is sent ``adapt-steps`` 0.
-        """
-        training = self.settings.training
-        steps = training.adapt_steps if self.contract.adapts_at_test else 0
-        return {"adapt-steps": steps, "adapt-lr": training.adapt_lr or training.lr,
-                "adapt-batch-size": training.adapt_batch_size}  # fmt: skip
-
-    def sample_fit(self, server_round: int, partitions: list[int]) -> list[int]:
-        """The partitions that train in ``server_round``: ``fraction-fit`` of those connected, seeded."""
-        return self._sample(server_round, partitions, self.settings.run.fraction_fit, "fit")
-
-    def sample_evaluate(self, server_round: int, partitions: list[int]) -> list[int]:
-        """The partitions that evaluate in ``server_round``: ``fraction-evaluate`` of those connected, seeded."""
-        return self._sample(server_round, partitions, self.settings.run.fraction_evaluate, "evaluate")
-
-    def parameters_for(self, partition: int, purpose: str) -> list[np.ndarray]:
-        """The model's arrays sent to ``partition`` in a ``purpose`` (``fit`` or ``evaluate``) instruction.
-
-        The default is the global model's shared arrays (all of them, unless the contract
-        keeps personal ones on the clients). A reply's update is measured from what this
-        returns for ``fit``, so it must return the same arrays for a partition within a round.
-        """
-        return self.global_shared
-
-    def begin_round(self, server_round: int, partitions: list[int], purpose: str) -> dict[str, Scalar]:
-        """Called once ``purpose``'s (``fit``, ``evaluate``) ``partitions`` are chosen, before any message is built.
-
-        A method whose :meth:`parameters_for` differs per client computes the round's
-        payloads here (FedAMP's cloud models ``u_i``); they must stay as they are until the
-        round's replies are combined (the update norms are measured from them). It returns
-        entries for the round's record (``{}``: none).
-        """
-        return {}
-
-    def payload_for(self, partition: int, purpose: str) -> dict[str, list[np.ndarray]]:
-        """The array sets sent to ``partition`` beside the model: those the contract ``sends`` for ``purpose``."""
-        return {}
-
-    def payload_shapes(self, name: str) -> list[tuple[int, ...]]:
-        """The shapes the returned array set ``name`` must have: by default those of the arrays that travel."""
-        return self.sent_shapes
-
-    def payload_dtypes(self, name: str) -> list[np.dtype]:
-        """The dtypes the returned array set ``name`` must have: by default those of the arrays that travel."""
-        return self.sent_dtypes
-
-    def combine(self, server_round: int, replies: list[Reply]) -> tuple[list[np.ndarray] | None, dict[str, Scalar]]:
-        """The new global model's shared arrays from the round's accepted replies, and extra metrics for the record.
-
-        ``None`` keeps the global model. The default averages the models as ``aggregation``
-        says: by example count, uniformly, or robustly (coordinate-wise median, trimmed
-        mean, Krum, multi-Krum). Replies come in partition order; their arrays may be
-        overwritten; the sets the contract ``returns`` are in ``reply.extras``.
-        """
-        if not replies:
-            return None, {}
-        return self.average([reply.arrays for reply in replies], replies), {}
-
-    def average(self, arrays: list[list[np.ndarray]], replies: list[Reply]) -> list[np.ndarray]:
-        """The round's ``aggregation`` of ``arrays`` (one list per reply, in ``replies``' order; may be overwritten).
-
-        A method that averages more than the models (SCAFFOLD's control variates) averages
-        them through this too, so that every average it keeps is of the same kind.
-        """
-        run = self.settings.run
-        return aggregate(arrays, self.averaging_weights(replies), rule=run.aggregation,
-                         trim_fraction=run.trim_fraction, attackers=run.krum_attackers,
-                         float_layers=self.float_layers)  # fmt: skip
-
-    def averaging_weights(self, replies: list[Reply]) -> list[float]:
-        """Each reply's weight in the round's average (``aggregation``): its example count, or 1 for every reply.
-
-        The robust rules weigh every reply alike except multi-Krum, which averages the
-        replies it keeps by these weights.
-        """
-        by_examples = self.settings.run.aggregation == "examples"
-        return [float(reply.num_examples) if by_examples else 1.0 for reply in replies]
-
-    def start(self) -> None:
-        """Set-up once the nodes are known, before round 1 (``self.nodes.properties`` holds their answers)."""
-
-    def state(self) -> tuple[dict[str, np.ndarray], dict]:
-        """Named arrays and JSON scalars a checkpoint keeps for this method (the base has none)."""
-        return {}, {}
-
-    def restore(self, arrays: dict[str, np.ndarray], state: dict) -> None:
-        """The inverse of :meth:`state`."""
-
-    def finish(self) -> None:
-        """What the run writes at its end, besides the summary (through ``self.recorder``)."""
-
-    def divergence_hint(self) -> str:
-        """The likeliest cause of a diverged run, for its reason (base: the step sizes in force)."""
-        return "most likely the cause: lower them"
-
-    def step_values(self) -> dict[str, float]:
-        """The run's value of each of the method's step-size keys (before a tuner moves them)."""
-        values = self.settings.as_run_config()
-        return {k: float(values[k]) for k in self.contract.step_keys() if k in values}
-
     # ------------------------------------------------------------------ a round's end, the run's end
 
     def end_round(self, server_round: int) -> None:
@@ -387,11 +268,3 @@ class FederatedStrategy:
         """The run's class names where it names them (a user's own data), else none (classes go by index)."""
         return self.settings.data_spec().classes
 
-    def _sample(self, server_round: int, partitions: list[int], fraction: float, purpose: str) -> list[int]:
-        minimum = self.settings.run.min_fit_clients
-        size = sample_size(len(partitions), fraction, minimum)
-        if len(partitions) < minimum:
-            log(WARNING, "only %d node(s) connected (fewer than the %d asked for); sampling %d of them",
-                len(partitions), minimum, size)  # fmt: skip
-        return sample_partitions(partitions, size, seed=self.settings.run.seed, server_round=server_round,
-                                 purpose=purpose)  # fmt: skip

@@ -8,7 +8,8 @@ import pytest
 from strategies.contracts.fathom import FathomSettings
 from strategies.contracts.keys import ConfigError
 from strategies.screening.replies import Reply
-from strategies.tuning.fathom_math import FathomState, RoundAggregate, fathom_update, overshooting, setback
+from strategies.tuning.fathom_math import FathomState, RoundAggregate, fathom_update, setback
+from strategies.tuning.stationarity import overshooting
 from strategies.tuning.tuner import FathomTuner
 
 STILL = {"gamma_lr": 0.0, "gamma_epochs": 0.0, "gamma_batch": 0.0}  # only the tests move lr

@@ -7,7 +7,8 @@ import pytest
 
 from strategies.contracts.fathom import FathomSettings
 from strategies.screening.replies import Reply
-from strategies.tuning.fathom_math import FathomState, RoundAggregate, fathom_update, gate_open, stationary
+from strategies.tuning.fathom_math import FathomState, RoundAggregate, fathom_update, gate_open
+from strategies.tuning.stationarity import stationary
 from strategies.tuning.tuner import FathomTuner, mean_start_loss
 
 

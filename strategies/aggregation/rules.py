@@ -102,3 +102,8 @@ def aggregate(
         return [np.array(x, copy=True) for x in models[robust.krum_choice(models, attackers=feasible, keep=1)[0]]]
     kept = robust.krum_choice(models, attackers=feasible, keep=len(models) - feasible)
     return weighted_average_inplace([models[i] for i in kept], [weights[i] for i in kept], float_layers=float_layers)
+
+
+def all_finite(arrays: list[np.ndarray]) -> bool:
+    """Whether every floating-point value of ``arrays`` is finite (integer arrays always are)."""
+    return all(np.all(np.isfinite(a)) for a in arrays if np.issubdtype(a.dtype, np.floating))

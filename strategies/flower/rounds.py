@@ -35,17 +35,14 @@ from flwr.serverapp.strategy import Result, Strategy
 from strategies.base import FederatedStrategy
 from strategies.contracts.common import PULL_INTERVAL
 from strategies.flower.codec import (
-    LOSS,
     MODEL_RECORD,
-    MessageFormatError,
     array_records,
     check_like,
-    instruction,
     metric_record,
-    read_reply,
     same_arrays,
 )
-from strategies.flower.fleet import GridFleet, failure_of, replies_by_node
+from strategies.flower.fleet import GridFleet
+from strategies.flower.messages import instruction_messages, read_replies
 from strategies.flower.paced_grid import PacedGrid, Pending, paced_run
 from strategies.nodes.failures import NodeError
 from strategies.rounds.checkpoint import Checkpoint
@@ -53,7 +50,6 @@ from strategies.rounds.phases import Instruction
 from strategies.rounds.run_watch import RunDivergedError
 from strategies.screening.replies import Evaluation, Received
 
-RESERVED = ("partition-id", "payload", "server-round")  # config keys a user's train_config may not set
 TIMEOUT_S = 3600.0  # seconds a phase waits for its replies, unless start is given another
 
 
@@ -278,44 +274,15 @@ class Rounds(Strategy):
 
     def _messages(self, server_round: int, instructions: list[Instruction], config: ConfigRecord,
                   kind: str) -> list[Message]:  # fmt: skip
-        extra = dict(config)
-        if reserved := sorted(set(extra) & set(RESERVED)):
-            raise ValueError(f"{kind}_config may not set {reserved}: stamen sets them per message")
-        messages = self._sent[(server_round, kind)] = []
-        for ins in instructions:
-            if shadowed := sorted(k for k in extra if k in ins.config and k not in self._shadowed):
-                log(INFO, "stamen: %s_config sets %s over stamen's values", kind, ", ".join(shadowed))
-                self._shadowed.update(shadowed)
-            content = instruction(ins.tensors, {**ins.config, **extra}, self.method.sent_names)
-            messages.append(Message(content=content, dst_node_id=int(ins.node), message_type=kind,
-                                    group_id=str(server_round)))  # fmt: skip
+        messages = self._sent[(server_round, kind)] = instruction_messages(
+            instructions, dict(config), kind=kind, group=str(server_round), names=self.method.sent_names,
+            shadowed=self._shadowed)  # fmt: skip
         return messages
 
     def read(self, replies: Iterable[Message], sent: list[Message], *,
-              fit: bool) -> tuple[list[Received | Evaluation], list[NodeError]]:  # fmt: skip
+             fit: bool) -> tuple[list[Received | Evaluation], list[NodeError]]:  # fmt: skip
         """The replies as the round's phases read them, and the failures: errors, unreadable and missing replies."""
-        results, failures = [], []
-        answers = replies_by_node(sent, replies)
-        for message in sent:  # failures are the messages sent less the usable replies
-            node = message.metadata.dst_node_id
-            answer = answers.get(node)
-            if (failure := failure_of(answer, node, self.timeout)) is not None:
-                failures.append(failure)
-                continue
-            try:
-                tensors, num_examples, metrics, names = read_reply(answer.content)
-                if fit and names and list(names) != list(self.method.sent_names or names):
-                    raise MessageFormatError(f"the reply's arrays are named {names[:4]}..., the server sent "
-                                             f"{list(self.method.sent_names)[:4]}...")  # fmt: skip
-            except (MessageFormatError, KeyError, TypeError) as err:
-                failures.append(NodeError(f"unreadable reply: {err}", cid=str(node)))
-                continue
-            if fit:
-                results.append(Received(str(node), tensors, num_examples, metrics))
-            else:
-                results.append(Evaluation(str(node), metrics.pop(LOSS, float("nan")), num_examples, metrics))
-        return results, failures
-
+        return read_replies(replies, sent, fit=fit, names=self.method.sent_names, waited_s=self.timeout)
 
 def _in_order(grid: Grid) -> bool:
     """Whether rounds may overlap on ``grid``: it waits by :class:`PacedGrid` and runs a node's messages in order."""

@@ -21,6 +21,7 @@ from typing import Protocol
 import numpy as np
 from flwr.common.logger import log
 
+from strategies.aggregation.rules import all_finite
 from strategies.contracts.client_reports import PARTITION_ID
 from strategies.contracts.common import RunSettings
 from strategies.contracts.contract import Contract, Metric
@@ -112,8 +113,8 @@ class RoundPhases:
         self._encoded: dict[int, tuple[list[np.ndarray], list[bytes]]] = {}  # while one round's messages are built
 
     def is_evaluation_round(self, server_round: int) -> bool:
-        due = server_round % self.run.eval_every == 0 or server_round == self.run.num_server_rounds
-        return due and self.run.fraction_evaluate > 0
+        last = server_round == self.run.num_server_rounds
+        return (server_round % self.run.eval_every == 0 or last) and self.run.fraction_evaluate > 0
 
     @property
     def record(self) -> dict:
@@ -158,8 +159,7 @@ class RoundPhases:
             if ray_nodes := self.nodes.ray_nodes():  # a run meant for a Ray cluster shows here whether it reached it
                 log(INFO, "preflight: the clients ran on %d Ray node(s): %s", len(ray_nodes),
                     ", ".join(f"{node[:12]} ({count} clients)" for node, count in ray_nodes.items()))  # fmt: skip
-            took = self.watch.timing["preflight-seconds"] = self.watch.elapsed() - connected_at
-            log(INFO, "preflight: took %.1f s", took)
+            log(INFO, "preflight: took %.1f s", self.watch.mark_since("preflight-seconds", connected_at))
         self.hooks.start()
 
     def _log_preflight(self, err: PreflightError, level: int, prefix: str) -> None:
@@ -298,8 +298,3 @@ class RoundPhases:
         this.record["evaluate-seconds"] = time.perf_counter() - this.evaluate_started
         this.record.update(self.reply_screen.failures("evaluate", server_round, failures))
         return metrics
-
-
-def all_finite(arrays: list[np.ndarray]) -> bool:
-    """Whether every floating-point value of ``arrays`` is finite (integer arrays always are)."""
-    return all(np.all(np.isfinite(a)) for a in arrays if np.issubdtype(a.dtype, np.floating))

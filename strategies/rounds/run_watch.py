@@ -97,6 +97,11 @@ class RunWatch:
         """Note ``name`` in the timing, seconds since the start, unless already noted; its value."""
         return self.timing.setdefault(name, self.elapsed())
 
+    def mark_since(self, name: str, since: float) -> float:
+        """Note ``name`` in the timing: the seconds from ``since`` (seconds since the start) to now; its value."""
+        self.timing[name] = self.elapsed() - since
+        return self.timing[name]
+
     def resumed(self, history: list[dict], elapsed_seconds: float) -> None:
         """Continue the records of a checkpointed run: its rounds, and the time they took."""
         self.history = history

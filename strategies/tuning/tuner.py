@@ -27,16 +27,9 @@ from strategies.contracts.fathom import PHI, FathomSettings
 from strategies.contracts.payload import Scalar
 from strategies.rounds.summaries import weighted_mean
 from strategies.screening.replies import Reply
-from strategies.tuning.fathom_math import (
-    FathomState,
-    RoundAggregate,
-    clipped,
-    decay_window,
-    fathom_update,
-    fell_back,
-    new_lowest,
-)
+from strategies.tuning.fathom_math import FathomState, RoundAggregate, clipped, fathom_update, fell_back, new_lowest
 from strategies.tuning.start_probe import ProbeTally, local_progress, probe_choice, probe_factors, probe_slots, tallied
+from strategies.tuning.stationarity import decay_window
 
 PHI_METRIC: Metric = next(m for m in FATHOM.metrics if m.name == PHI)  # required in a tuned run's fit replies
 
