@@ -26,11 +26,11 @@ the table in about an hour of 2 cores. Seconds per round come from a separate ti
 runs. ``--startup`` measures the start-up of a 20-client CIFAR-10 simulation through
 ``flwr run`` from a cold and a warm decode cache, beside the default job's.
 
-    python bench/cifar_table.py --quick      # one seed, pathological, 3 methods, 3 rounds (minutes)
-    python bench/cifar_table.py              # the table (3 seeds; resumable: finished runs are skipped)
-    python bench/cifar_table.py --timing     # seconds per round, one method at a time
-    python bench/cifar_table.py --startup    # cold and warm start-up through flwr run
-    python bench/cifar_table.py --report-only
+    python -m bench.cifar_table --quick      # one seed, pathological, 3 methods, 3 rounds (minutes)
+    python -m bench.cifar_table              # the table (3 seeds; resumable: finished runs are skipped)
+    python -m bench.cifar_table --timing     # seconds per round, one method at a time
+    python -m bench.cifar_table --startup    # cold and warm start-up through flwr run
+    python -m bench.cifar_table --report-only
 
 Writes ``bench/results/cifar_table.{json,md}``; each finished run is a line of
 ``bench/results/cifar_table_runs.jsonl``; ``--startup`` writes ``bench/results/cifar_startup.json``.
@@ -43,16 +43,12 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from app.config import parse_settings  # noqa: E402
-from bench.cifar_setup import (  # noqa: E402
+from app.config import parse_settings
+from bench.cifar_setup import (
     CIFAR,
     CLASSES,
     CLIENTS,
@@ -63,7 +59,18 @@ from bench.cifar_setup import (  # noqa: E402
     method_of,
     run_config,
 )
-from bench.harness import RESULTS, RunLog, arguments, fmt, interval, local_simulation, stamp, write_report  # noqa: E402
+from bench.harness import (
+    REPO,
+    RESULTS,
+    RunLog,
+    arguments,
+    fmt,
+    interval,
+    local_simulation,
+    script_command,
+    stamp,
+    write_report,
+)
 
 STARTUP_RESULTS = RESULTS / "cifar_startup.json"
 
@@ -150,12 +157,12 @@ def worker(args: argparse.Namespace) -> None:
 
 def run_table(args: argparse.Namespace) -> None:
     """Start ``--of`` workers, one thread each, and wait for them."""
-    command = [sys.executable, __file__, "--log", str(args.log), "--rounds", str(args.rounds), "--of", str(args.of),
+    command = [*script_command(__file__), "--log", str(args.log), "--rounds", str(args.rounds), "--of", str(args.of),
                "--seeds", *map(str, args.seeds), "--conditions", *args.conditions]  # fmt: skip
     if args.methods:
         command += ["--methods", *args.methods]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    workers = [subprocess.Popen([*command, "--worker", str(i)], env=env) for i in range(args.of)]
+    workers = [subprocess.Popen([*command, "--worker", str(i)], env=env, cwd=REPO) for i in range(args.of)]
     codes = [w.wait() for w in workers]
     if any(codes):
         raise SystemExit(f"B8: a worker exited with {codes}")

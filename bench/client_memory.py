@@ -9,7 +9,7 @@ and ``evaluate`` once. The process reports its peak resident set size
 (``getrusage(RUSAGE_SELF).ru_maxrss``) after each phase; torch runs on one thread
 on the CPU, as the README advises for small devices.
 
-    python bench/client_memory.py            # writes bench/results/client_memory.{json,md}
+    python -m bench.client_memory            # writes bench/results/client_memory.{json,md}
 """
 
 from __future__ import annotations
@@ -18,13 +18,9 @@ import argparse
 import json
 import resource
 import subprocess
-import sys
 import time
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from bench.harness import REPO, RESULTS, arguments, machine, write_report
+from bench.harness import REPO, RESULTS, arguments, machine, script_command, write_report
 
 CASES = [  # (strategy, model, batch sizes)
     ("fedavg", "logreg", (10, 128)),
@@ -84,7 +80,7 @@ def main() -> None:
     rows = []
     for strategy, model, batches in CASES:
         for batch in batches:
-            out = subprocess.run([sys.executable, __file__, "--child", strategy, model, str(batch)], cwd=REPO,
+            out = subprocess.run([*script_command(__file__), "--child", strategy, model, str(batch)], cwd=REPO,
                                  capture_output=True, text=True, check=True)  # fmt: skip
             row = json.loads(out.stdout.strip().splitlines()[-1])
             rows.append(row)

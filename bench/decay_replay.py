@@ -8,7 +8,7 @@ overshoot test (``"overshoot"``), each with ``fathom-decay-window = 5``, without
 later. Beside each: B2's round to the target and the round of peak accuracy (a collapse
 follows the peak in the runs from lr 0.3), B5's final accuracy.
 
-    python bench/decay_replay.py     # a second; bench/results/decay_replay.json and .md
+    python -m bench.decay_replay     # a second; bench/results/decay_replay.json and .md
 """
 
 from __future__ import annotations
@@ -18,10 +18,7 @@ import json
 
 import numpy as np
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from bench.harness import RESULTS, write_report  # noqa: E402
+from bench.harness import RESULTS, write_report
 from strategies.tuning.stationarity import overshooting, stationary
 
 WINDOW = 5

@@ -28,8 +28,8 @@ peak memory of that tree, sampled every 0.2 s: the sum of PSS (shared pages spli
 between the processes that share them, so a fork server and its children are not
 counted twice) and, for reference, the sum of RSS.
 
-    python bench/deploy_cost.py            # 2 and 4 SuperNodes, 2 repeats (~15 min): bench/results/deploy_cost.json
-    python bench/deploy_cost.py --quick    # 2 SuperNodes, 1 repeat, 2 rounds
+    python -m bench.deploy_cost            # 2 and 4 SuperNodes, 2 repeats (~15 min): bench/results/deploy_cost.json
+    python -m bench.deploy_cost --quick    # 2 SuperNodes, 1 repeat, 2 rounds
 """
 
 from __future__ import annotations
@@ -41,15 +41,12 @@ import tempfile
 import time
 from pathlib import Path
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from app.local.deployment import LocalDeployment  # noqa: E402
-from app.local.simulation import FINISHED_OK  # noqa: E402
+from app.local.deployment import LocalDeployment
+from app.local.simulation import FINISHED_OK
 from bench.deploy_setup import Env, node_cpus, read_profile, settled
 from bench.harness import REPO, arguments, local_simulation, machine, results_folder, write_report
-from bench.samplers import MemorySampler  # noqa: E402
-from datasets.tools.device_folders import CLASSES, INPUT_SHAPE, make_device_folders  # noqa: E402
+from bench.samplers import MemorySampler
+from datasets.tools.device_folders import CLASSES, INPUT_SHAPE, make_device_folders
 
 PHASES = ("flower", "imports", "data", "build", "work")
 VARIANTS = ("now", "warm")

@@ -7,24 +7,21 @@ models it holds and how far combining the replies raises the peak of traced allo
 (``tracemalloc``) above what was held before it (agents' models and the replies).
 Writes ``bench/results/diffusion_memory.json`` and prints a table.
 
-    python bench/diffusion_memory.py            # K = 200
+    python -m bench.diffusion_memory            # K = 200
 """
 
 from __future__ import annotations
 
 import tracemalloc
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from app.config import parse_settings  # noqa: E402
-from app.local.node_fleet import NodeFleet  # noqa: E402
-from bench.harness import arguments, machine, write_report  # noqa: E402
-from clients.models import build_model, parameter_count  # noqa: E402
-from strategies.contracts.code import code_identity  # noqa: E402
-from strategies.contracts.payload import to_bytes  # noqa: E402
-from strategies.methods.diffusion import DiffusionServer  # noqa: E402
-from strategies.screening.replies import Received  # noqa: E402
+from app.config import parse_settings
+from app.local.node_fleet import NodeFleet
+from bench.harness import arguments, machine, write_report
+from clients.models import build_model, parameter_count
+from strategies.contracts.code import code_identity
+from strategies.contracts.payload import to_bytes
+from strategies.methods.diffusion import DiffusionServer
+from strategies.screening.replies import Received
 
 MODELS = (("linear", (10,), 0), ("logreg", (1, 28, 28), 10), ("mlp", (1, 28, 28), 10),
           ("cnn-small", (1, 28, 28), 62), ("cnn", (1, 28, 28), 62))  # fmt: skip

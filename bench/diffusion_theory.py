@@ -28,8 +28,8 @@ Writes ``bench/results/diffusion_theory.json`` and ``.md``, ``diffusion_limit.pn
 (distances and MSD against mu) and ``diffusion_msd.png`` (MSD per iteration); each run's
 analysis is appended to ``diffusion_theory_runs.jsonl`` and not run again.
 
-    python bench/diffusion_theory.py --quick     # a few minutes: ring, T = 1, two mu, two seeds
-    python bench/diffusion_theory.py             # the README's figures (about 40 minutes on 2 cores)
+    python -m bench.diffusion_theory --quick     # a few minutes: ring, T = 1, two mu, two seeds
+    python -m bench.diffusion_theory             # the README's figures (about 40 minutes on 2 cores)
 """
 
 from __future__ import annotations
@@ -41,16 +41,13 @@ from pathlib import Path
 
 import numpy as np
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from app.config import parse_settings  # noqa: E402
-from app.local.inprocess import InProcessRun  # noqa: E402
-from app.local.simulation import LocalSimulation  # noqa: E402
-from bench.harness import RunLog, arguments, interval, local_simulation, read_records, stamp, write_report  # noqa: E402
-from datasets import load_client_data  # noqa: E402
-from datasets.least_squares import least_squares_optimum  # noqa: E402
-from strategies.methods.topology import Network, build_network, expected_matrix, perron_vector  # noqa: E402
+from app.config import parse_settings
+from app.local.inprocess import InProcessRun
+from app.local.simulation import LocalSimulation
+from bench.harness import RunLog, arguments, interval, local_simulation, read_records, stamp, write_report
+from datasets import load_client_data
+from datasets.least_squares import least_squares_optimum
+from strategies.methods.topology import Network, build_network, expected_matrix, perron_vector
 
 AGENTS, BATCH = 20, 20
 NETWORKS = (("ring", "metropolis"), ("erdos-renyi", "uniform"), ("star", "uniform"))

@@ -23,8 +23,8 @@ from ``STAMEN_PROFILE``; fit plus evaluate) and the wait (the rest). Per case: t
 SuperLink's and the ServerApp's CPU per second of run, the server's pulls per second (its
 log line), and each device's idle CPU per second (10 s, before the run).
 
-    python bench/edge_rounds.py               # 4 nodes, cold and warm, 10 rounds; 20 warm nodes, 3 rounds
-    python bench/edge_rounds.py --quick       # 4 warm nodes, 4 rounds
+    python -m bench.edge_rounds               # 4 nodes, cold and warm, 10 rounds; 20 warm nodes, 3 rounds
+    python -m bench.edge_rounds --quick       # 4 warm nodes, 4 rounds
 """
 
 from __future__ import annotations
@@ -37,15 +37,12 @@ import time
 from itertools import pairwise
 from pathlib import Path
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from app.device.console import TASK_POLL, TASK_POLL_ENV  # noqa: E402
-from app.local.deployment import LocalDeployment  # noqa: E402
-from app.local.simulation import FINISHED_OK  # noqa: E402
+from app.device.console import TASK_POLL, TASK_POLL_ENV
+from app.local.deployment import LocalDeployment
+from app.local.simulation import FINISHED_OK
 from bench.deploy_setup import Env, node_cpus, read_profile, settled
 from bench.harness import REPO, arguments, machine, results_folder, write_report
-from datasets.tools.device_folders import CLASSES, INPUT_SHAPE, make_device_folders  # noqa: E402
+from datasets.tools.device_folders import CLASSES, INPUT_SHAPE, make_device_folders
 
 WAITS = {"flower": {"pull-interval": 3.0, "task-poll": 1.0, "overlap-rounds": False},
          "stamen, apart": {"pull-interval": None, "task-poll": None, "overlap-rounds": False},

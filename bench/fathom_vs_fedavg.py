@@ -22,9 +22,9 @@ fraction of the cost of asking 105 clients).
 Writes ``bench/results/fathom_vs_fedavg.json`` and ``.md`` and
 ``fathom_trajectories.png`` (accuracy, lr, epochs and batch size per round).
 
-    python bench/fathom_vs_fedavg.py --quick     # a few minutes: one seed, short, no grid
-    python bench/fathom_vs_fedavg.py             # the README's table (about 2.5 hours on 2 cores)
-    python bench/fathom_vs_fedavg.py --extend-rounds 1000   # and the fix that still rises, to 1,000 rounds
+    python -m bench.fathom_vs_fedavg --quick     # a few minutes: one seed, short, no grid
+    python -m bench.fathom_vs_fedavg             # the README's table (about 2.5 hours on 2 cores)
+    python -m bench.fathom_vs_fedavg --extend-rounds 1000   # and the fix that still rises, to 1,000 rounds
 
 Finished runs are appended to ``bench/results/fathom_vs_fedavg_runs.jsonl`` and not
 run again when asked for with the same settings, so the benchmark resumes;
@@ -41,12 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from app.local.simulation import LocalSimulation  # noqa: E402
-from bench.fathom_setup import MODEL, PER_ROUND, PROBE, WRITERS, Start, run_config  # noqa: E402
-from bench.harness import (  # noqa: E402
+from app.local.simulation import LocalSimulation
+from bench.fathom_setup import MODEL, PER_ROUND, PROBE, WRITERS, Start, run_config
+from bench.harness import (
     SHARED_DATA,
     RunLog,
     arguments,

@@ -9,7 +9,7 @@ For each: the run's status, how many lines its streamed log has and how many of 
 about the failure, those lines, and ``summary.json``'s ``failure-groups``. Writes
 ``bench/results/fleet_failures.json``.
 
-    python bench/fleet_failures.py
+    python -m bench.fleet_failures
 """
 
 from __future__ import annotations
@@ -18,10 +18,7 @@ import json
 import tempfile
 from pathlib import Path
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from bench.harness import arguments, local_simulation, write_report  # noqa: E402
+from bench.harness import arguments, local_simulation, write_report
 
 NODES = 100
 # iid: 100 clients of the embedded data each get a share (the default split needs more images than it has)

@@ -21,8 +21,8 @@ variates, personal models). Then the default job runs once through ``flwr run`` 
 deployment path end to end. Writes ``bench/results/gpu_check.json`` (medians, and
 CPU / CUDA ratios).
 
-    python bench/gpu_check.py               # on a machine with a CUDA device (a few minutes)
-    python bench/gpu_check.py --cpu-only    # the CPU half only, to check the script anywhere
+    python -m bench.gpu_check               # on a machine with a CUDA device (a few minutes)
+    python -m bench.gpu_check --cpu-only    # the CPU half only, to check the script anywhere
 """
 
 from __future__ import annotations
@@ -35,12 +35,9 @@ from pathlib import Path
 
 import torch
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from app.local.inprocess import InProcessRun  # noqa: E402
-from app.registry import METHODS  # noqa: E402
-from bench.harness import SHARED_DATA, arguments, local_simulation, stamp, write_report  # noqa: E402
+from app.local.inprocess import InProcessRun
+from app.registry import METHODS
+from bench.harness import SHARED_DATA, arguments, local_simulation, stamp, write_report
 
 USERS = 50
 B1_HF = {

@@ -1,9 +1,9 @@
-"""What every benchmark script shares: the repository on ``sys.path``, the flags, the run log, the report.
+"""What every benchmark script shares: the flags, the run log, the report, the command that runs a script.
 
-A script runs as ``python bench/<script>.py``: Python puts ``bench/`` on ``sys.path``, so the
-script's first lines import this module as ``harness``, which puts the repository there
-too (the one place that does); from then on the script imports ``bench.harness``, ``app``
-and the rest as the tests import them.
+A script runs as ``python -m bench.<script>`` from the repository's root, which Python puts
+on ``sys.path``: a script imports ``bench.harness``, ``app`` and the rest as the tests
+import them. A script that starts copies of itself (workers) runs them the same way
+(:func:`script_command`).
 
 What a script keeps is its grid, its run and its table; this module owns the rest: the
 ``--quick``/``--out``/``--report-only`` flags and where ``--quick`` writes (:func:`arguments`),
@@ -24,8 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # this checkout's code, never an installed copy of stamen
-    sys.path.insert(0, str(REPO))
 if TYPE_CHECKING:
     from app.local.simulation import LocalSimulation
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -239,3 +237,8 @@ def write_report(
     out.write_text(json.dumps(report, indent=indent) + "\n")
     if markdown is not None:
         out.with_suffix(".md").write_text(markdown)
+
+
+def script_command(file: str) -> list[str]:
+    """The command that runs the bench script ``file`` again (as ``python -m bench.<name>``, from ``REPO``)."""
+    return [sys.executable, "-m", f"bench.{Path(file).stem}"]

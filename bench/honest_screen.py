@@ -37,10 +37,10 @@ Scenarios (seed 0 each):
   pfllib-practical Dirichlet(0.1), 20 clients every round, fedavg-cnn, its shared keys),
   ``CIFAR_METHODS``, ``CIFAR_ROUNDS`` rounds.
 
-    python bench/honest_screen.py --quick                 # a few rounds of a few methods; bench/results/quick
-    python bench/honest_screen.py                         # the three scenarios (resumable)
-    python bench/honest_screen.py --scenarios femnist     # one scenario (another process may run the others)
-    python bench/honest_screen.py --report-only           # the .md from the JSON
+    python -m bench.honest_screen --quick                 # a few rounds of a few methods; bench/results/quick
+    python -m bench.honest_screen                         # the three scenarios (resumable)
+    python -m bench.honest_screen --scenarios femnist     # one scenario (another process may run the others)
+    python -m bench.honest_screen --report-only           # the .md from the JSON
 
 Writes ``bench/results/honest_screen.json`` after every run (several processes may share
 it: each merges its run in under a lock) and ``honest_screen.md``; a run already in the
@@ -62,13 +62,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from bench.harness import REPO, SHARED_DATA, arguments, stamp  # noqa: E402
-from strategies.contracts.payload import LAYOUT, MODEL, unpack  # noqa: E402
+from bench.harness import REPO, SHARED_DATA, arguments, stamp
+from strategies.contracts.payload import LAYOUT, MODEL, unpack
 
 NAME = "honest_screen"
 RATIOS = (2, 3, 5, 10, 20, 50)

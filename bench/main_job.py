@@ -6,7 +6,7 @@ wall time from submission to the finished status and the final personalised
 accuracy from the run's ``summary.json``. Writes ``bench/results/main_job.json``
 with the medians. Client sampling is not seeded by Flower, so repeats differ a little.
 
-    python bench/main_job.py --repeats 3
+    python -m bench.main_job --repeats 3
 """
 
 from __future__ import annotations
@@ -16,10 +16,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from bench.harness import arguments, local_simulation, stamp, write_report  # noqa: E402
+from bench.harness import arguments, local_simulation, stamp, write_report
 
 NUM_SUPERNODES = 50
 FEDERATION = "client-resources-num-cpus=1"  # as in the README's quick start: two clients at a time on 2 cores

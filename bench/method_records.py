@@ -34,10 +34,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from bench.harness import REPO, RESULTS, local_simulation  # noqa: E402
+from bench.harness import REPO, RESULTS, local_simulation
 
 RECORDS = RESULTS / "method_records.json"
 CLIENTS, ROUNDS = 4, 3

@@ -19,9 +19,9 @@ memory is the largest sum, over the run's processes, of their proportional set s
 (PSS, shared pages divided among the processes sharing them), sampled every 0.2 s;
 RSS sums are given too.
 
-    python bench/overhead.py                  # the README's table: 3 cases x 2 actor settings, 1 repeat (~25 min)
-    python bench/overhead.py --quick          # 1 repeat, 2 + 8 rounds, main case only
-    python bench/overhead.py --profile        # plain-loop cProfile of one client message path
+    python -m bench.overhead                  # the README's table: 3 cases x 2 actor settings, 1 repeat (~25 min)
+    python -m bench.overhead --quick          # 1 repeat, 2 + 8 rounds, main case only
+    python -m bench.overhead --profile        # plain-loop cProfile of one client message path
 """
 
 from __future__ import annotations
@@ -36,11 +36,17 @@ import sys
 import time
 from pathlib import Path
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from bench.harness import REPO, SHARED_DATA, arguments, local_simulation, machine, results_folder, write_report
-from bench.samplers import PeakSampler  # noqa: E402
+from bench.harness import (
+    REPO,
+    SHARED_DATA,
+    arguments,
+    local_simulation,
+    machine,
+    results_folder,
+    script_command,
+    write_report,
+)
+from bench.samplers import PeakSampler
 
 IMAGES_PER_CLASS, USERS, BETA, ALPHA = 34, 50, 0.1, 0.001
 CASES = {  # name -> (strategy, fraction-fit)
@@ -137,7 +143,7 @@ def plain_loop(case: str, *, warmup: int, rounds: int) -> dict:
 
 def plain_case(case: str, *, warmup: int, rounds: int) -> dict:
     """The plain loop in a fresh process, so its peak memory is its own."""
-    out = subprocess.run([sys.executable, __file__, "--plain-child", case, str(warmup), str(rounds)], cwd=REPO,
+    out = subprocess.run([*script_command(__file__), "--plain-child", case, str(warmup), str(rounds)], cwd=REPO,
                          capture_output=True, text=True, check=True)  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
 

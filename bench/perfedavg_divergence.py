@@ -20,8 +20,8 @@ Two parts, on ``../shared/data/femnist-leaf`` (105 LEAF writers, the natural spl
 Writes ``bench/results/perfedavg_divergence.json`` and ``.md``; finished runs are kept in
 ``bench/results/perfedavg_divergence_runs.jsonl`` and skipped when asked again.
 
-    python bench/perfedavg_divergence.py            # 100 rounds, 3 seeds (~30 min on 2 cores)
-    python bench/perfedavg_divergence.py --quick    # part (a) on 5 batches; 20 rounds of HF and SO, one seed
+    python -m bench.perfedavg_divergence            # 100 rounds, 3 seeds (~30 min on 2 cores)
+    python -m bench.perfedavg_divergence --quick    # part (a) on 5 batches; 20 rounds of HF and SO, one seed
 """
 
 from __future__ import annotations
@@ -33,14 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from app.local.simulation import FINISHED_OK, LocalSimulation  # noqa: E402
-from bench.harness import (  # noqa: E402
+from app.local.simulation import FINISHED_OK, LocalSimulation
+from bench.harness import (
     SHARED_DATA,
     RunLog,
     arguments,
@@ -53,9 +50,9 @@ from bench.harness import (  # noqa: E402
 )
 from clients.batches import to_tensor
 from clients.losses import axpy, gradient, model_loss
-from clients.meta import finite_difference_hvp, hessian_vector_product, meta_gradient  # noqa: E402
-from clients.models import build_model  # noqa: E402
-from datasets.leaf import load_femnist  # noqa: E402
+from clients.meta import finite_difference_hvp, hessian_vector_product, meta_gradient
+from clients.models import build_model
+from datasets.leaf import load_femnist
 
 DATA = SHARED_DATA / "femnist-leaf"
 ALPHA, BETA, DELTA, TAU, BATCH = 0.01, 0.1, 1e-3, 10, 5

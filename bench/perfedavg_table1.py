@@ -11,9 +11,9 @@ gradient evaluations per round. It also times one local step of each variant on
 the MLP with batches of 40, side by side in this process (medians of interleaved
 repeats), and reports hf/fo and so/fo.
 
-    python bench/perfedavg_table1.py --quick            # one seed, two rows
-    python bench/perfedavg_table1.py                    # the README's table
-    python bench/perfedavg_table1.py --choose-beta      # FedAvg grid that fixed beta
+    python -m bench.perfedavg_table1 --quick            # one seed, two rows
+    python -m bench.perfedavg_table1                    # the README's table
+    python -m bench.perfedavg_table1 --choose-beta      # FedAvg grid that fixed beta
 
 Every finished run is appended to ``bench/results/perfedavg_table1_runs.jsonl`` and
 skipped when the same run (seed, row, method, rounds, beta) is asked for again, so a
@@ -33,13 +33,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from app.config import parse_settings  # noqa: E402
-from app.local.simulation import LocalSimulation  # noqa: E402
-from bench.harness import RunLog, arguments, interval, local_simulation, read_records, stamp, write_report  # noqa: E402
-from bench.perfedavg_setup import (  # noqa: E402
+from app.config import parse_settings
+from app.local.simulation import LocalSimulation
+from bench.harness import RunLog, arguments, interval, local_simulation, read_records, stamp, write_report
+from bench.perfedavg_setup import (
     BATCH,
     DEFAULT_DATA,
     IMAGES_PER_CLASS,
@@ -50,10 +47,10 @@ from bench.perfedavg_setup import (  # noqa: E402
     run_config,
 )
 from clients.losses import model_loss
-from clients.meta import meta_gradient  # noqa: E402
-from clients.models import build_model  # noqa: E402
-from clients.perfedavg import PerFedAvgClient  # noqa: E402
-from datasets import ClientData  # noqa: E402
+from clients.meta import meta_gradient
+from clients.models import build_model
+from clients.perfedavg import PerFedAvgClient
+from datasets import ClientData
 
 # diff. hetero.: the second half keep only their 34 images of one digit 5-9, and Per-FedAvg refuses
 # batches larger than a client's data, so that row runs every method with d = d' = d'' = 34.

@@ -27,9 +27,9 @@ evaluations per round and the bytes of arrays sent and received per round, and w
 a 95% t-interval over seeds, the costs' medians, and how the ordering compares with
 PFLlib's published one.
 
-    python bench/personalised_table.py --quick             # one seed, mnist-paper, 10 rounds
-    python bench/personalised_table.py                     # the table in docs/benchmarks.md (3 seeds)
-    python bench/personalised_table.py --report-only       # rebuild the report from the run log
+    python -m bench.personalised_table --quick             # one seed, mnist-paper, 10 rounds
+    python -m bench.personalised_table                     # the table in docs/benchmarks.md (3 seeds)
+    python -m bench.personalised_table --report-only       # rebuild the report from the run log
 
 Finished runs are appended to ``bench/results/personalised_table_runs.jsonl`` and skipped
 when asked for again, so the benchmark can be stopped and resumed.
@@ -43,11 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from app.registry import METHODS  # noqa: E402
-from bench.harness import (  # noqa: E402
+from app.registry import METHODS
+from bench.harness import (
     SHARED_DATA,
     RunLog,
     arguments,
@@ -58,7 +55,7 @@ from bench.harness import (  # noqa: E402
     stamp,
     write_report,
 )
-from bench.personalised_setup import (  # noqa: E402
+from bench.personalised_setup import (
     DATASETS,
     METHOD_KEYS,
     PUBLISHED,

@@ -22,9 +22,9 @@ round the report gives both systems' mean over the seeds and the seed-paired gap
 
 Usage::
 
-    python bench/pfllib_parity.py                     # seeds 0 1 2, 10 rounds, every 2
-    python bench/pfllib_parity.py --report-only
-    python bench/pfllib_parity.py --quick             # one round of FedAvg, seed 0 (scratch)
+    python -m bench.pfllib_parity                     # seeds 0 1 2, 10 rounds, every 2
+    python -m bench.pfllib_parity --report-only
+    python -m bench.pfllib_parity --quick             # one round of FedAvg, seed 0 (scratch)
 """
 
 from __future__ import annotations
@@ -33,18 +33,14 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from bench.harness import RESULTS, RunLog, arguments, fmt, interval, stamp, write_report  # noqa: E402
-from bench.pfllib_setup import (  # noqa: E402
+from bench.harness import REPO, RESULTS, RunLog, arguments, fmt, interval, script_command, stamp, write_report
+from bench.pfllib_setup import (
     ALGORITHMS,
     CACHE,
     PFLLIB_COMMIT,
@@ -168,8 +164,8 @@ def job_command(job: dict, out: Path, args: argparse.Namespace, root: Path) -> t
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if job["system"] == "pfllib":
         env["PYTHONPATH"] = str(root / "system")
-        return [args.python, __file__, "--pfllib-worker", str(root), *common], env
-    return [sys.executable, __file__, "--stamen-worker", *common], env
+        return [args.python, *script_command(__file__)[1:], "--pfllib-worker", str(root), *common], env
+    return [*script_command(__file__), "--stamen-worker", *common], env
 
 
 def run_jobs(args: argparse.Namespace, root: Path, log: RunLog) -> None:
@@ -187,7 +183,7 @@ def run_jobs(args: argparse.Namespace, root: Path, log: RunLog) -> None:
             logfile = CACHE / "logs" / f"{job['system']}-{job['method']}-s{job['seed']}.log"
             logfile.parent.mkdir(parents=True, exist_ok=True)
             with open(logfile, "w") as sink:
-                code = subprocess.run(command, env=env, stdout=sink, stderr=subprocess.STDOUT).returncode
+                code = subprocess.run(command, env=env, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT).returncode
             if code != 0 or not out.exists():
                 print(f"{job}: worker exited {code}; its output is in {logfile}", flush=True)
                 return

@@ -8,7 +8,7 @@ first message only), ``data`` (loading the node's writer: the LEAF JSON is parse
 worker process and cached), ``build`` (settings and model) and ``work`` (the answer).
 Writes ``bench/results/preflight_scale.{json,md}``.
 
-    python bench/preflight_scale.py
+    python -m bench.preflight_scale
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from bench.harness import SHARED_DATA, arguments, local_simulation, write_report  # noqa: E402
+from bench.harness import SHARED_DATA, arguments, local_simulation, write_report
 
 SIZES = (10, 50, 105)
 FEMNIST = Path(os.environ.get("STAMEN_SHARED_DATA", SHARED_DATA)) / "femnist-leaf"

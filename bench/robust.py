@@ -24,9 +24,9 @@ accuracy and its gap to the clean run of the same aggregation and seed. The JSON
 it (``robust_table.json``) holds every cell, is rewritten after each one, and a run that
 is stopped resumes where it stopped (cells already there are not run again).
 
-    python bench/robust.py --quick          # seed 0, MNIST, clean + every attack by 2 clients; bench/results/quick
-    python bench/robust.py                  # the whole grid (see SIZING), about an hour on 2 cores
-    python bench/robust.py --report-only    # re-render the .md from the JSON
+    python -m bench.robust --quick          # seed 0, MNIST, clean + every attack by 2 clients; bench/results/quick
+    python -m bench.robust                  # the whole grid (see SIZING), about an hour on 2 cores
+    python -m bench.robust --report-only    # re-render the .md from the JSON
 """
 
 from __future__ import annotations
@@ -46,10 +46,7 @@ from pathlib import Path
 for _blas in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_blas, "1")
 
-import numpy as np  # noqa: E402
-
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
+import numpy as np  # noqa: E402  (after the BLAS threads are set)
 
 from bench.harness import REPO, SHARED_DATA, arguments, machine, results_folder  # noqa: E402
 from strategies.contracts.payload import LAYOUT, MODEL, pack, unpack  # noqa: E402

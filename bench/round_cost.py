@@ -25,8 +25,8 @@ goes after them. Every figure uses torch's default threads (2 here).
 
 Usage::
 
-    python bench/round_cost.py            # 12 rounds each, flwr run 8 rounds
-    python bench/round_cost.py --quick    # 3 rounds each, no flwr run (scratch)
+    python -m bench.round_cost            # 12 rounds each, flwr run 8 rounds
+    python -m bench.round_cost --quick    # 3 rounds each, no flwr run (scratch)
 """
 
 from __future__ import annotations
@@ -37,11 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from bench.cifar_setup import CLIENTS, run_config  # noqa: E402
-from bench.harness import arguments, local_simulation, read_records, write_report  # noqa: E402
+from bench.cifar_setup import CLIENTS, run_config
+from bench.harness import arguments, local_simulation, read_records, write_report
 
 
 def plain_round(model, global_state: dict, data: list[tuple], *, lr: float, steps: int, batch: int, rng) -> dict:

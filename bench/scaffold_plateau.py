@@ -15,9 +15,9 @@ What it showed (bench/results/scaffold_plateau.md): SCAFFOLD's round-3 move is 9
 and its round-4 move 860x, so the model does not stay on the plateau: it is thrown off it
 and lands where the loss is no better than the prior's.
 
-    python bench/scaffold_plateau.py              # 40 rounds of each; about 7 minutes
-    python bench/scaffold_plateau.py --quick      # 2 rounds, results under bench/results/quick
-    python bench/scaffold_plateau.py --report-only
+    python -m bench.scaffold_plateau              # 40 rounds of each; about 7 minutes
+    python -m bench.scaffold_plateau --quick      # 2 rounds, results under bench/results/quick
+    python -m bench.scaffold_plateau --report-only
 """
 
 from __future__ import annotations
@@ -25,12 +25,9 @@ from __future__ import annotations
 import json
 import time
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from bench.harness import SHARED_DATA, arguments, machine, results_folder, write_report  # noqa: E402
-from bench.personalised_setup import DATASETS, SHARED, tuned_run_config  # noqa: E402
-from strategies.screening.replies import update_norm  # noqa: E402
+from bench.harness import SHARED_DATA, arguments, machine, results_folder, write_report
+from bench.personalised_setup import DATASETS, SHARED, tuned_run_config
+from strategies.screening.replies import update_norm
 
 DATASET = "femnist"
 LR = 0.1  # B7's shared lr on FEMNIST, where FedAvg + update leaves the plateau

@@ -18,10 +18,10 @@ a fresh private SuperLink. Measured per run:
 commit) under ``--label``, so a fix can be measured before and after, side by side
 in one JSON. Runs are appended to ``bench/results/scale_runs.jsonl`` and not run again.
 
-    python bench/scale.py --quick                                 # 100 and 300 nodes, one repeat
-    python bench/scale.py                                         # 100, 300, 1,000 nodes, 2 repeats
-    python bench/scale.py --app-dir ../old-worktree --label before
-    python bench/scale.py --preflight-sample 100 --label sampled
+    python -m bench.scale --quick                                 # 100 and 300 nodes, one repeat
+    python -m bench.scale                                         # 100, 300, 1,000 nodes, 2 repeats
+    python -m bench.scale --app-dir ../old-worktree --label before
+    python -m bench.scale --preflight-sample 100 --label sampled
 """
 
 from __future__ import annotations
@@ -32,11 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from bench.harness import REPO, RunLog, arguments, local_simulation, read_records, stamp, write_report  # noqa: E402
-from bench.samplers import PeakSampler  # noqa: E402
+from bench.harness import REPO, RunLog, arguments, local_simulation, read_records, stamp, write_report
+from bench.samplers import PeakSampler
 
 SIZES = (100, 300, 1000)
 PER_ROUND, EVAL_SAMPLE, ROUNDS = 10, 20, 5

@@ -28,8 +28,8 @@ Reports the mean personalised accuracy (client mean, one step of alpha on a batc
 Hessian-vector products) per run, and the cost of the whole sweep against one tuned
 run. Writes ``bench/results/self_tuning.json`` and ``.md``.
 
-    python bench/self_tuning.py --quick     # one seed, 20 rounds, Per-FedAvg only (quick output is git-ignored)
-    python bench/self_tuning.py             # the README's table (about 75 minutes on 2 cores)
+    python -m bench.self_tuning --quick     # one seed, 20 rounds, Per-FedAvg only (quick output is git-ignored)
+    python -m bench.self_tuning             # the README's table (about 75 minutes on 2 cores)
 
 Finished runs are appended to ``bench/results/self_tuning_runs.jsonl`` and skipped when
 asked for again, so the benchmark resumes; ``--report-only`` rebuilds the report. A run
@@ -38,7 +38,7 @@ the row's mean (the row says which seeds). The report also gives each tuned row'
 seed-paired gap to the best fixed row. More seeds of a few rows, without touching the
 full report, as for issue 39's open goal (``bench/results/self_tuning_goal1.md``)::
 
-    python bench/self_tuning.py --seeds 0 1 2 3 4 5 6 7 --methods perfedavg \\
+    python -m bench.self_tuning --seeds 0 1 2 3 4 5 6 7 --methods perfedavg \\
         --only "Per-FedAvg HF, perfedavg-beta = 0.1" "Per-FedAvg HF + tuner from perfedavg-beta = 0.3" \\
         --out bench/results/self_tuning_goal1.json --log bench/results/self_tuning_runs.jsonl
 """
@@ -51,11 +51,8 @@ import tempfile
 import time
 from pathlib import Path
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from app.local.simulation import LocalSimulation  # noqa: E402
-from bench.harness import (  # noqa: E402
+from app.local.simulation import LocalSimulation
+from bench.harness import (
     SHARED_DATA,
     RunLog,
     arguments,
@@ -65,7 +62,7 @@ from bench.harness import (  # noqa: E402
     stamp,
     write_report,
 )
-from bench.perfedavg_setup import NUM_USERS, Row, run_config  # noqa: E402
+from bench.perfedavg_setup import NUM_USERS, Row, run_config
 
 ROW = Row(10, 0.01)
 STEP_SIZES = {"perfedavg": (0.01, 0.03, 0.1, 0.3), "fedavg": (0.01, 0.03, 0.1, 0.3), "alpha": (0.001, 0.01, 0.05)}

@@ -17,7 +17,7 @@ Then the start probe itself, as B2 runs it (in process, ``app/local/inprocess.py
 from lr 0.01, 0.1 and 0.3 for seeds 0-2, every reply's ``rho`` by slot, and the slot that
 the mean (the probe's rule) and the median of ``rho`` would choose.
 
-    python bench/step_signals.py     # about 8 minutes on 2 cores; bench/results/step_signals.json and .md
+    python -m bench.step_signals     # about 8 minutes on 2 cores; bench/results/step_signals.json and .md
 """
 
 from __future__ import annotations
@@ -29,18 +29,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from app.local.inprocess import InProcessRun  # noqa: E402
-from bench.fathom_setup import PROBE, Start, run_config  # noqa: E402
-from bench.harness import RESULTS, SHARED_DATA, machine, write_report  # noqa: E402
+from app.local.inprocess import InProcessRun
+from bench.fathom_setup import PROBE, Start, run_config
+from bench.harness import RESULTS, SHARED_DATA, machine, write_report
 from clients.batches import to_tensor
 from clients.losses import axpy, gradient, model_loss
-from clients.models import build_model  # noqa: E402
-from datasets.leaf import load_femnist  # noqa: E402
-from strategies.contracts.client_reports import START_LOSS, TRAIN_LOSS  # noqa: E402
-from strategies.tuning.start_probe import local_progress  # noqa: E402
+from clients.models import build_model
+from datasets.leaf import load_femnist
+from strategies.contracts.client_reports import START_LOSS, TRAIN_LOSS
+from strategies.tuning.start_probe import local_progress
 
 LRS = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 BATCH, PROBED, HELD_OUT, WARM_ROUNDS, PER_ROUND = 16, range(30), range(60, 105), 30, 10

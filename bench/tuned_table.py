@@ -22,9 +22,9 @@ for again, so the benchmark can be stopped and resumed. The report
 (``bench/results/tuned_table.{json,md}``) puts each method's tuned accuracy beside its B7
 row (``personalised_table.json``) with the chosen configuration and every search score.
 
-    python bench/tuned_table.py --quick                  # 2 configs of 3 methods, 5 rounds, embedded data
-    python bench/tuned_table.py --datasets femnist       # search and test on one dataset
-    python bench/tuned_table.py --report-only
+    python -m bench.tuned_table --quick                  # 2 configs of 3 methods, 5 rounds, embedded data
+    python -m bench.tuned_table --datasets femnist       # search and test on one dataset
+    python -m bench.tuned_table --report-only
 """
 
 from __future__ import annotations
@@ -35,15 +35,22 @@ import math
 import os
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from bench.harness import RESULTS, SHARED_DATA, RunLog, arguments, fmt, interval, stamp, write_report  # noqa: E402
-from bench.personalised_setup import (  # noqa: E402
+from bench.harness import (
+    REPO,
+    RESULTS,
+    SHARED_DATA,
+    RunLog,
+    arguments,
+    fmt,
+    interval,
+    script_command,
+    stamp,
+    write_report,
+)
+from bench.personalised_setup import (
     B7_METHODS,
     B7_RESULTS,
     CONFIGS,
@@ -207,13 +214,13 @@ def run_phase(args: argparse.Namespace, phase: str) -> None:
     claims.mkdir(parents=True, exist_ok=True)
     for stale in claims.iterdir():  # a claim outlives a stopped worker; what the log holds is what ran
         stale.unlink()
-    command = [sys.executable, __file__, "--phase", phase, "--log", str(args.log), "--folder-cache",
+    command = [*script_command(__file__), "--phase", phase, "--log", str(args.log), "--folder-cache",
                str(args.folder_cache), "--configs", str(args.configs), "--datasets", *args.datasets,
                "--methods", *args.methods, "--seeds", *map(str, args.seeds)]  # fmt: skip
     if args.quick:
         command.append("--quick")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    workers = [subprocess.Popen([*command, "--worker", str(i)], env=env) for i in range(args.workers)]
+    workers = [subprocess.Popen([*command, "--worker", str(i)], env=env, cwd=REPO) for i in range(args.workers)]
     codes = [w.wait() for w in workers]
     if any(codes):
         raise SystemExit(f"B9: a worker exited with {codes}")

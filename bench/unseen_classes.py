@@ -25,9 +25,9 @@ final evaluation: each client's last call on its own test split is the one it re
 (for a client with a personal model, that model's), and the script raises if the captured
 predictions do not give the accuracy the clients reported.
 
-    python bench/unseen_classes.py                    # five methods; about 8 minutes alone
-    python bench/unseen_classes.py --all-clients      # B9's every-client runs; about 2 hours
-    python bench/unseen_classes.py --quick            # 2 rounds of each on FEMNIST, results under bench/results/quick
+    python -m bench.unseen_classes                    # five methods; about 8 minutes alone
+    python -m bench.unseen_classes --all-clients      # B9's every-client runs; about 2 hours
+    python -m bench.unseen_classes --quick            # 2 rounds of each on FEMNIST, results under bench/results/quick
 """
 
 from __future__ import annotations
@@ -35,15 +35,12 @@ from __future__ import annotations
 import json
 import time
 
-import torch  # noqa: E402
+import torch
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-import clients.base  # noqa: E402
-import clients.evaluation  # noqa: E402
-from bench.harness import RESULTS, SHARED_DATA, RunLog, arguments, machine, results_folder, write_report  # noqa: E402
-from bench.personalised_setup import DATASETS, TUNED_KEY_FIELDS, keys_of, tuned_run_config  # noqa: E402
+import clients.base
+import clients.evaluation
+from bench.harness import RESULTS, SHARED_DATA, RunLog, arguments, machine, results_folder, write_report
+from bench.personalised_setup import DATASETS, TUNED_KEY_FIELDS, keys_of, tuned_run_config
 
 DATASET = "femnist"
 METHODS = ("fedavg", "fedper", "fedrep", "pfedme", "ditto")

@@ -9,7 +9,7 @@ that imported torch and stamen once) and the **task children** it forks, one per
 child's PSS is what it adds beside its fork server, and the sum over roles is what the
 device holds. Writes ``bench/results/warm_memory.{json,md}``.
 
-    python bench/warm_memory.py                 # cnn-small and fedavg-cnn, 2 devices, 3 rounds
+    python -m bench.warm_memory                 # cnn-small and fedavg-cnn, 2 devices, 3 rounds
 """
 
 from __future__ import annotations
@@ -17,14 +17,11 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-if not __package__:  # `python bench/x.py`: bench/ is on sys.path, and harness puts the repository there
-    import harness  # noqa: F401
-
-from app.device.fork_server import TASK_NAME  # noqa: E402
-from app.local.deployment import LocalDeployment  # noqa: E402
-from app.local.simulation import FINISHED_OK  # noqa: E402
-from bench.harness import REPO, arguments, write_report  # noqa: E402
-from bench.samplers import MemorySampler, process_memory, process_stat, process_trees  # noqa: E402
+from app.device.fork_server import TASK_NAME
+from app.local.deployment import LocalDeployment
+from app.local.simulation import FINISHED_OK
+from bench.harness import REPO, arguments, write_report
+from bench.samplers import MemorySampler, process_memory, process_stat, process_trees
 
 MODELS = ("cnn-small", "fedavg-cnn")
 ROLES = ("supernode", "superexec", "fork server", "task child")
