@@ -28,6 +28,7 @@ from clients.scaffold import ScaffoldClient
 from strategies.base import FederatedStrategy
 from strategies.contracts.contract import Contract
 from strategies.contracts.keys import ConfigError
+from strategies.contracts.naming import named_once
 from strategies.methods.diffusion import DiffusionServer
 from strategies.methods.fathom import FathomServer
 from strategies.methods.fedamp import FedAmpServer
@@ -75,12 +76,7 @@ class Method:
 
 def by_name(*methods: Method) -> dict[str, Method]:
     """``{contract name: method}``, refusing two methods of one name."""
-    named: dict[str, Method] = {}
-    for method in methods:
-        if method.contract.name in named:
-            raise ValueError(f"two methods are named {method.contract.name!r}")
-        named[method.contract.name] = method
-    return named
+    return named_once(methods, lambda method: method.contract.name, "methods")
 
 
 METHODS = by_name(

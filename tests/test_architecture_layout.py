@@ -57,7 +57,7 @@ def method_contract(path: str) -> bool:
 
 
 SHARED_CONTRACT_FILES = {"__init__", "keys", "contract", "payload", "personal", "models", "code", "common",
-                         "client_reports", "settings"}  # fmt: skip
+                         "client_reports", "settings", "naming"}  # fmt: skip
 
 
 def test_the_layout_in_architecture_md_is_the_tree():

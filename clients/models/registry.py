@@ -24,6 +24,7 @@ from clients.models.mlp import build_mlp
 from clients.models.resnet import build_resnet18, build_resnet18_gn
 from clients.models.split import head_names
 from strategies.contracts.models import BATCH_NORM, GROUP_NORM, OTHER, ModelCard, ModelLayout
+from strategies.contracts.naming import named_once
 
 Builder = Callable[[tuple[int, ...], int], nn.Module]
 
@@ -38,12 +39,7 @@ class Model:
 
 def by_name(*models: Model) -> dict[str, Model]:
     """``{card name: model}``, refusing two models of one name."""
-    named: dict[str, Model] = {}
-    for model in models:
-        if model.card.name in named:
-            raise ValueError(f"two models are named {model.card.name!r}")
-        named[model.card.name] = model
-    return named
+    return named_once(models, lambda model: model.card.name, "models")
 
 
 def card(name: str, summary: str, inputs: str, *, smooth: bool, norm: str = "none", task: str = "classification"):
