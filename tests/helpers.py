@@ -26,7 +26,7 @@ from strategies.contracts.contract import Contract, MethodSettings
 from strategies.contracts.diffusion import DiffusionSettings
 from strategies.contracts.keys import key
 from strategies.contracts.payload import from_bytes, to_bytes
-from strategies.contracts.personal import LastLayers
+from strategies.contracts.personal import LastLayers, WholeModel
 from strategies.methods.diffusion import DiffusionServer
 from strategies.rounds.phases import Instruction
 from strategies.rounds.recorder import NullRecorder
@@ -162,6 +162,23 @@ def play_round(strategy: FederatedStrategy, server_round: int, fleet: FakeFleet)
         aggregate_evaluate(strategy, server_round, *answers(fleet, evaluations, evaluate=True))
     strategy.end_round(server_round)
     return strategy.history[-1]
+
+
+def check_method_record(record: dict, contract: Contract) -> None:
+    """What every round record of a method holds: its broadcast values, its declared metrics as declared, bytes.
+
+    The tests that run every method (in-process and through ``flwr run``) check each record with this.
+    """
+    assert {f"hp-{k}" for k in contract.broadcast_keys()} <= set(record), "a broadcast value is not recorded"
+    assert record["train-loss"] >= 0
+    for metric in contract.metrics:  # every metric the method declares reaches the records, as declared
+        for statistic, recorded in metric.record_keys().items():
+            assert recorded in record, f"{contract.name} declares {metric.name!r}; its {statistic} {recorded!r} is missing"
+            assert isinstance(record[recorded], float) or statistic == "sum", (recorded, record[recorded])
+    assert record["fit-bytes-sent"] > 0 and record["fit-bytes-received"] > 0
+    # an evaluate message carries the model, unless no model travels (FedProto) and nothing else is sent
+    evaluate_carries = not isinstance(contract.personal, WholeModel) or contract.sent_sets("evaluate")
+    assert (record["eval-bytes-sent"] > 0) == bool(evaluate_carries)
 
 
 # ------------------------------------------------------------------ FedAvg on stand-in replies

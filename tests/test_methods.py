@@ -13,10 +13,10 @@ import math
 
 import numpy as np
 import pytest
+from helpers import check_method_record
 
 from app.local.inprocess import InProcessRun
 from app.registry import METHODS
-from strategies.contracts.personal import WholeModel
 
 CLIENTS = 4
 # small and quick: two local steps of four examples; FATHOM's tuner works in epochs, so a tenth of one
@@ -47,16 +47,8 @@ def test_every_method_records_its_declared_metrics_and_keeps_personal_arrays_hom
     for record in records:
         assert record["strategy"] == name and record["clients-failed"] == 0
         assert record["clients-succeeded"] == record["clients-sampled"] == CLIENTS
-        assert {f"hp-{k}" for k in contract.broadcast_keys()} <= set(record), "a broadcast value is not recorded"
-        assert record["eval-clients"] == CLIENTS and record["train-loss"] >= 0
-        for metric in contract.metrics:  # every metric the method declares reaches the records, as declared
-            for statistic, key in metric.record_keys().items():
-                assert key in record, f"{name} declares {metric.name!r}; its {statistic} {key!r} is not recorded"
-                assert isinstance(record[key], float) or statistic == "sum", (key, record[key])
-        assert record["fit-bytes-sent"] > 0 and record["fit-bytes-received"] > 0
-        # an evaluate message carries the model, unless no model travels (FedProto) and nothing else is sent
-        evaluate_carries = not isinstance(contract.personal, WholeModel) or contract.sent_sets("evaluate")
-        assert (record["eval-bytes-sent"] > 0) == bool(evaluate_carries)
+        assert record["eval-clients"] == CLIENTS
+        check_method_record(record, contract)
         # the global and personalised figures are finite: accuracies of a classifier, losses of least squares
         scores = {k: v for k, v in record.items() if ("accuracy" in k or "loss" in k) and isinstance(v, float)}
         assert "loss" in scores and all(math.isfinite(v) for v in scores.values()), scores
