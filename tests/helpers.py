@@ -173,7 +173,7 @@ def check_method_record(record: dict, contract: Contract) -> None:
     assert record["train-loss"] >= 0
     for metric in contract.metrics:  # every metric the method declares reaches the records, as declared
         for statistic, recorded in metric.record_keys().items():
-            assert recorded in record, f"{contract.name} declares {metric.name!r}; its {statistic} {recorded!r} is missing"
+            assert recorded in record, f"{contract.name} declares {metric.name!r}: {statistic} {recorded!r} missing"
             assert isinstance(record[recorded], float) or statistic == "sum", (recorded, record[recorded])
     assert record["fit-bytes-sent"] > 0 and record["fit-bytes-received"] > 0
     # an evaluate message carries the model, unless no model travels (FedProto) and nothing else is sent
