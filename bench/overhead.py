@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.harness import (
@@ -60,12 +61,32 @@ ACTORS = {  # name -> --federation-config resources: CPUs each ClientApp worker 
 }
 
 
-APIS = ("message",)  # Flower's APIs measured (a column of the report; the legacy one is gone)
+THIS = "this checkout"
 
 
-def run_config(case: str, rounds: int, results: str, api: str = "message") -> dict:
+@dataclass(frozen=True)
+class Variant:
+    """What one column of Flower runs measures: the code (a checkout's root) and run-config values beside the case's."""
+
+    label: str
+    root: Path = REPO
+    config: tuple[tuple[str, object], ...] = ()
+
+
+def variants_of(baseline: Path | None, pull_intervals: list[float]) -> list[Variant]:
+    """This checkout; an earlier checkout (``--baseline``, before a change); this checkout at other pull intervals."""
+    found = [Variant(THIS)]
+    if baseline is not None:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=baseline, capture_output=True,
+                                text=True).stdout.strip()  # fmt: skip
+        found.append(Variant(f"baseline {commit}", baseline.resolve()))
+    found += [Variant(f"pull-interval {p:g}", REPO, (("pull-interval", p),)) for p in pull_intervals]
+    return found
+
+
+def run_config(case: str, rounds: int, results: str, variant: Variant = Variant(THIS)) -> dict:
     strategy, fraction = CASES[case]
-    return {
+    return {**dict(variant.config),
         "strategy": strategy, "dataset": "mnist", "data-dir": str(SHARED_DATA / "mnist-10k"),
         "partitioner": "perfedavg-paper", "images-per-class": IMAGES_PER_CLASS, "model": "mlp", "seed": 0,
         "num-server-rounds": rounds, "fraction-fit": fraction, "fraction-evaluate": 0.0, "aggregation": "uniform",
@@ -80,24 +101,25 @@ def run_config(case: str, rounds: int, results: str, api: str = "message") -> di
 # ------------------------------------------------------------------ the two paths
 
 
-def null_app(folder: Path) -> Path:
-    """stamen's app with ``bench/null_app/nullclient.py`` as its ClientApp (same config keys and ServerApp)."""
+def null_app(folder: Path, root: Path = REPO) -> Path:
+    """``root``'s app with its ``bench/null_app/nullclient.py`` as the ClientApp (same config keys and ServerApp)."""
     folder.mkdir(parents=True, exist_ok=True)
-    pyproject = (REPO / "pyproject.toml").read_text()
+    pyproject = (root / "pyproject.toml").read_text()
     pyproject = pyproject.replace('clientapp = "app.client_app:app"', 'clientapp = "nullclient:app"')
     pyproject = pyproject.replace('name = "stamen"', 'name = "stamen-null"')
     start = pyproject.index("fab-include = ")  # the FAB holds the client module; stamen's folders come from PYTHONPATH
     pyproject = pyproject[:start] + 'fab-include = ["nullclient.py"]' + pyproject[pyproject.index("\n", start):]
     (folder / "pyproject.toml").write_text(pyproject)
-    (folder / "nullclient.py").write_text((REPO / "bench" / "null_app" / "nullclient.py").read_text())
+    (folder / "nullclient.py").write_text((root / "bench" / "null_app" / "nullclient.py").read_text())
     return folder
 
 
-def flower_case(case: str, federation: str, *, api: str, warmup: int, rounds: int, results: Path,
-                app_dir: Path = REPO) -> dict:  # fmt: skip
-    config = run_config(case, warmup + rounds, str(results), api)
-    # the null app imports stamen's folders by their short names: the clone goes on its processes' PYTHONPATH
-    with local_simulation(app_dir=app_dir, pythonpath=[] if app_dir == REPO else [REPO]) as sim:
+def flower_case(case: str, federation: str, *, variant: Variant, warmup: int, rounds: int, results: Path,
+                null: bool = False) -> dict:  # fmt: skip
+    config = run_config(case, warmup + rounds, str(results), variant)
+    app_dir = null_app(results / f"null-app-{abs(hash(variant.root))}", variant.root) if null else variant.root
+    # the null app imports stamen's folders by their short names: the checkout goes on its processes' PYTHONPATH
+    with local_simulation(app_dir=app_dir, pythonpath=[variant.root] if null else [], workdir=variant.root) as sim:
         sampler = PeakSampler(str(sim.home))
         sampler.start()
         outcome = sim.run(run_config=config, num_supernodes=USERS, extra_federation=federation, timeout_s=3600)
@@ -108,7 +130,7 @@ def flower_case(case: str, federation: str, *, api: str, warmup: int, rounds: in
     records = [json.loads(line) for line in (results / config["run-name"] / "metrics.jsonl").read_text().splitlines()]
     seconds = [r["round-seconds"] for r in records]
     return {"round-seconds": seconds[warmup:], "startup-seconds": outcome.wall_seconds - sum(seconds),
-            "peak-pss-mib": sampler.peak_pss, "peak-rss-mib": sampler.peak_rss,
+            "peak-pss-mib": sampler.peak_pss, "peak-rss-mib": sampler.peak_rss, "cpu-seconds": sampler.cpu_seconds,
             "final-train-loss": records[-1]["train-loss"]}  # fmt: skip
 
 
@@ -175,7 +197,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--cases", nargs="*", default=list(CASES))
-    parser.add_argument("--apis", nargs="*", default=list(APIS), choices=APIS, help=argparse.SUPPRESS)
+    parser.add_argument("--baseline", type=Path, help="an earlier checkout measured beside this one (before a change)")
+    parser.add_argument("--pull-intervals", nargs="*", type=float, default=[],
+                        help="this checkout again at these pull-interval values (the simulation's grid)")
     parser.add_argument("--profile", action="store_true", help="cProfile the plain loop and exit")
     parser.add_argument("--plain-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -193,13 +217,14 @@ def main() -> None:
     if args.quick:
         args.repeats, args.warmup, args.rounds, cases = 1, 2, 8, ["perfedavg-hf-10"]
     results = Path("/tmp") / f"stamen-b4-{os.getpid()}"
+    variants = variants_of(args.baseline, args.pull_intervals)
     rows = []
     for case in cases:
         for actor in actors:
             pairs = []
             for repeat in range(args.repeats):
-                flower = {api: flower_case(case, ACTORS[actor], api=api, warmup=args.warmup, rounds=args.rounds,
-                                           results=results) for api in args.apis}  # fmt: skip
+                flower = {v.label: flower_case(case, ACTORS[actor], variant=v, warmup=args.warmup, rounds=args.rounds,
+                                               results=results) for v in variants}  # fmt: skip
                 plain = plain_case(case, warmup=args.warmup, rounds=args.rounds)
                 floor = statistics.median(plain["round-seconds"])
                 ratios = {api: statistics.median(f["round-seconds"]) / floor for api, f in flower.items()}
@@ -207,10 +232,10 @@ def main() -> None:
                 shown = ", ".join(f"{api} {statistics.median(f['round-seconds']):.3f} s/round (ratio {ratios[api]:.2f},"
                                   f" start-up {f['startup-seconds']:.1f} s)" for api, f in flower.items())  # fmt: skip
                 print(f"{case:16s} {actor:40s} repeat {repeat}: {shown}; plain {floor:.3f} s/round", flush=True)
-            for api in args.apis:
+            for api in (v.label for v in variants):
                 runs = [p["flower"][api] for p in pairs]
                 rows.append({
-                    "case": case, "actors": actor, "api": api, "federation-config": ACTORS[actor],
+                    "case": case, "actors": actor, "code": api, "federation-config": ACTORS[actor],
                     "ratio-median": statistics.median(p["ratio"][api] for p in pairs),
                     "flower-round-seconds": spread([s for run in runs for s in run["round-seconds"]]),
                     "plain-round-seconds": spread([s for p in pairs for s in p["plain"]["round-seconds"]]),
@@ -227,31 +252,34 @@ def main() -> None:
                 break
     floors = {}
     for actor in actors:  # Flower's floor: the main case's rounds with no client work
-        for api in args.apis:
-            floor = flower_case("perfedavg-hf-10", ACTORS[actor], api=api, warmup=args.warmup, rounds=args.rounds,
-                                results=results, app_dir=null_app(results / "null-app"))  # fmt: skip
-            floors[f"{actor}, {api}"] = {"actors": actor, "api": api, "round-seconds": spread(floor["round-seconds"]),
-                                         "startup-seconds": floor["startup-seconds"]}  # fmt: skip
-            print(f"floor (no client work) {actor}, {api}: {statistics.median(floor['round-seconds']):.3f} s/round",
-                  flush=True)
+        for v in variants:
+            floor = flower_case("perfedavg-hf-10", ACTORS[actor], variant=v, warmup=args.warmup, rounds=args.rounds,
+                                results=results, null=True)  # fmt: skip
+            floors[f"{actor}, {v.label}"] = {"actors": actor, "code": v.label, "cpu-seconds": floor["cpu-seconds"],
+                                             "round-seconds": spread(floor["round-seconds"]),
+                                             "startup-seconds": floor["startup-seconds"]}  # fmt: skip
+            print(f"floor (no client work) {actor}, {v.label}: {statistics.median(floor['round-seconds']):.3f} s/round,"
+                  f" {floor['cpu-seconds']:.1f} CPU-s", flush=True)
         if args.quick:
             break
     payload = {"benchmark": "B4", "machine": machine(), "cpus": os.cpu_count(), "warmup": args.warmup,
                "rounds": args.rounds, "repeats": args.repeats, "rows": rows, "floor": floors}  # fmt: skip
-    lines = ["| case | Ray actors | Flower API | Flower s/round (median [q1, q3]) | plain s/round | ratio | "
+    lines = ["| case | Ray actors | code | Flower s/round (median [q1, q3]) | plain s/round | ratio | "
              "Flower start-up s | plain start-up s | Flower peak PSS / RSS MiB | plain peak RSS MiB |",
              "|---|---|---|---|---|---:|---:|---:|---|---:|"]  # fmt: skip
     for r in rows:
         f, p = r["flower-round-seconds"], r["plain-round-seconds"]
-        lines.append(f"| {r['case']} | {r['actors']} | {r['api']} | {f['median']:.3f} [{f['q1']:.3f}, {f['q3']:.3f}] | "
-                     f"{p['median']:.3f} [{p['q1']:.3f}, {p['q3']:.3f}] | {r['ratio-median']:.2f} | "
+        lines.append(f"| {r['case']} | {r['actors']} | {r['code']} | {f['median']:.3f} [{f['q1']:.3f}, "
+                     f"{f['q3']:.3f}] | {p['median']:.3f} [{p['q1']:.3f}, {p['q3']:.3f}] | {r['ratio-median']:.2f} | "
                      f"{r['flower-startup-seconds']:.1f} | {r['plain-startup-seconds']:.1f} | "
                      f"{r['flower-peak-pss-mib']:.0f} / {r['flower-peak-rss-mib']:.0f} | "
                      f"{r['plain-peak-rss-mib']:.0f} |")  # fmt: skip
-    lines += ["", "| Ray actors | Flower API | Flower s/round with no client work (median [q1, q3]) |", "|---|---|---|"]
+    lines += ["", "| Ray actors | code | Flower s/round with no client work (median [q1, q3]) | CPU-s of the run |",
+              "|---|---|---|---:|"]  # fmt: skip
     for floor in floors.values():
         f = floor["round-seconds"]
-        lines.append(f"| {floor['actors']} | {floor['api']} | {f['median']:.3f} [{f['q1']:.3f}, {f['q3']:.3f}] |")
+        lines.append(f"| {floor['actors']} | {floor['code']} | {f['median']:.3f} [{f['q1']:.3f}, {f['q3']:.3f}] | "
+                     f"{floor['cpu-seconds']:.1f} |")
     write_report(results_folder(args.quick) / "overhead.json", payload, "\n".join(lines) + "\n", stamped=False)
     print("\n".join(lines))
 

@@ -6,14 +6,18 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
 SAMPLE_EVERY_S = 0.2
 
 
-def _tree_memory(marker: str) -> tuple[float, float]:
-    """Sum of PSS and of RSS (MiB) over processes whose environment holds ``marker``."""
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _tree_memory(marker: str, cpu: dict[int, float] | None = None) -> tuple[float, float]:
+    """Sum of PSS and of RSS (MiB) over processes whose environment holds ``marker``; each one's CPU-s into ``cpu``."""
     pss = rss = 0.0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -21,6 +25,9 @@ def _tree_memory(marker: str) -> tuple[float, float]:
         try:
             if marker.encode() not in (entry / "environ").read_bytes():
                 continue
+            if cpu is not None:  # utime + stime, the 14th and 15th fields after the command's parenthesis
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                cpu[int(entry.name)] = (int(fields[11]) + int(fields[12])) / TICKS
             for line in (entry / "smaps_rollup").read_text().splitlines():
                 if line.startswith("Pss:"):
                     pss += int(line.split()[1]) / 1024
@@ -37,11 +44,17 @@ class PeakSampler(threading.Thread):
     def __init__(self, marker: str) -> None:
         super().__init__(daemon=True)
         self.marker, self.peak_pss, self.peak_rss = marker, 0.0, 0.0
+        self.cpu: dict[int, float] = {}  # each process's CPU seconds when last sampled
         self.done = threading.Event()
+
+    @property
+    def cpu_seconds(self) -> float:
+        """The CPU seconds the marked processes used, as last sampled (a process shorter than a sample is missed)."""
+        return sum(self.cpu.values())
 
     def run(self) -> None:
         while not self.done.wait(0.2):
-            pss, rss = _tree_memory(self.marker)
+            pss, rss = _tree_memory(self.marker, self.cpu)
             self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
 
 

@@ -128,7 +128,7 @@ def test_the_wrapped_grid_answers_everything_else():
 def test_only_flowers_polling_grids_are_paced(caplog):
     from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-    from strategies.flower.paced_grid import paced, paced_run
+    from strategies.flower.paced_grid import SIMULATED_PULL_INTERVAL, paced, paced_run
 
     class Factory:
         def state(self):
@@ -140,6 +140,13 @@ def test_only_flowers_polling_grids_are_paced(caplog):
     assert paced(own, 0.05) is own
     twice = paced(simulation, 0.05)
     assert paced(twice, 0.05) is twice
+    # a simulation's pulls are look-ups in this process: every 0.02 s at most, whatever pull-interval says
+    assert paced(simulation, 0.1).interval == SIMULATED_PULL_INTERVAL == 0.02
+    assert paced(simulation, 0.01).interval == 0.01
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    deployed = HttpGrid.__new__(HttpGrid)  # a deployment's pulls are requests to the SuperLink: pull-interval's
+    assert paced(deployed, 0.1).interval == 0.1
     with caplog.at_level("INFO", logger="flwr"):
         with paced_run(simulation, 0.05) as run_grid:  # a run: paced, and its pulls reported once at the end
             assert isinstance(run_grid, PacedGrid)

@@ -215,9 +215,10 @@ class ExecutionSettings(KeyedSettings):
 
     device: str = key("auto", "auto (CUDA when available), cpu or cuda", choices=DEVICES)
     num_threads: int = key(1, "torch threads per client process (0: torch's default)", at_least=0)
-    pull_interval: float = key(PULL_INTERVAL, "seconds between the server's pulls of its replies, one pull loop for "
-                               "every waiting message (Flower's deployed grid waits 3 s); each pull is one request "
-                               "to the SuperLink (docs/deployment.md#what-a-round-costs)", at_least=0.01, at_most=10.0)
+    pull_interval: float = key(PULL_INTERVAL, "seconds between the server's pulls of its replies on a deployment, one "
+                               "pull loop for every waiting message (Flower's deployed grid waits 3 s); each pull is "
+                               "one request to the SuperLink; a simulation pulls every 0.02 s at most "
+                               "(docs/deployment.md#what-a-round-costs)", at_least=0.01, at_most=10.0)
     overlap_rounds: bool = key(True, "on a deployment: send each round's evaluation and the next "
                                "round's fit together, so a SuperNode finds the fit waiting instead of sleeping 3 s; "
                                "the same records and model (docs/deployment.md#what-a-round-costs)")  # fmt: skip

@@ -40,6 +40,11 @@ FLOWER_POLLING_GRIDS = (HttpGrid, InMemoryGrid)  # their send_and_receive sleeps
 # it pulls the next (supernode/start_client_internal.py, _push_messages). The simulation engine runs a node's
 # messages on whichever backend worker is free, so two of them may run at once: it is not listed.
 IN_ORDER_GRIDS = (HttpGrid,)
+# A simulation's pull is a look-up in the server's own process, not a request. B4 quick (python -m bench.overhead
+# --quick --pull-intervals 0.02 0.01, docs/benchmarks.md): Per-FedAvg HF's 10-client round 0.607 s at 0.1, 0.509 s at
+# 0.02, 0.521 s at 0.01; the run's CPU 22.6, 21.7 and 24.6 s. Below 0.02 buys nothing: Flower's engine itself hands
+# messages to its workers every 0.1 s (server/superlink/fleet/vce/vce_api.py, add_messages_to_queue).
+SIMULATED_PULL_INTERVAL = 0.02
 
 
 def delivers_in_order(grid: Grid) -> bool:
@@ -57,10 +62,14 @@ def paced(grid: Grid, interval: float) -> Grid:
 
     Flower's deployed grid (``HttpGrid``, 3 s) and its simulation grid (``InMemoryGrid``,
     0.1 s) wait by polling; a grid of another kind (a test's, an app's) keeps its own wait
-    (and its rounds do not overlap: that needs :meth:`PacedGrid.send`).
+    (and its rounds do not overlap: that needs :meth:`PacedGrid.send`). A deployed grid is
+    pulled every ``interval`` s (``pull-interval``: each pull is a request to the SuperLink);
+    the simulation's in-memory grid every :data:`SIMULATED_PULL_INTERVAL` s at most.
     """
     if isinstance(grid, PacedGrid) or not isinstance(grid, FLOWER_POLLING_GRIDS):
         return grid
+    if isinstance(grid, InMemoryGrid):
+        interval = min(interval, SIMULATED_PULL_INTERVAL)
     return PacedGrid(grid=grid, interval=interval)
 
 
