@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from clients.base import TorchClient
-from clients.batches import Batch, batch_indices, batches_of, steps_for
+from clients.batches import Batch, round_batches
 from clients.losses import LossFn, Params, axpy, gradient, model_loss
 from clients.training import TrainReport, write_parameters
 from strategies.contracts.apfl import CONTRACT, MIXING, PERSONAL_LOSS, ApflSettings
@@ -50,8 +50,7 @@ class ApflClient(TorchClient):
 
     def local_train(self, training: TrainingSettings, method: ApflSettings, rng: np.random.Generator) -> TrainReport:
         num = len(self.train_y)
-        steps = steps_for(num, training.batch_size, training.local_steps, training.local_epochs)
-        batches = batches_of(self.train_x, self.train_y, batch_indices(num, training.batch_size, steps, rng))
+        steps, batches = round_batches(self.train_x, self.train_y, training, rng)
         w = tuple(p.detach() for p in self.model.parameters())
         kept = self.state.arrays(LOCAL_MODEL)
         v = w if kept is None else self.parameters_of(kept)

@@ -49,6 +49,22 @@ def batches_of(x: Tensor, y: Tensor, indices: Iterable[np.ndarray]) -> Iterator[
         yield x[part], y[part]
 
 
+def round_batches(x: Tensor, y: Tensor, training: TrainingSettings, rng: np.random.Generator, *,
+                  batch_size: int | None = None, steps: int | None = None) -> tuple[int, Iterator[Batch]]:  # fmt: skip
+    """A round's local steps and their batches: ``local-steps`` (or ``local-epochs``) batches of ``batch-size``.
+
+    ``batch_size`` and ``steps`` override the round's; the batches are drawn from ``rng``
+    as :func:`batch_indices` draws them. Every loop over a client's training data takes its
+    batches here: the shared SGD (``clients.training.local_sgd``) and the methods with a
+    step of their own (APFL, pFedMe).
+    """
+    num = len(y)
+    batch_size = training.batch_size if batch_size is None else batch_size
+    if steps is None:
+        steps = steps_for(num, batch_size, training.local_steps, training.local_epochs)
+    return steps, batches_of(x, y, batch_indices(num, batch_size, steps, rng))
+
+
 def steps_for(num_examples: int, batch_size: int, local_steps: int, local_epochs: float) -> int:
     """Local SGD steps: ``local_epochs`` passes when positive, else ``local_steps``."""
     if local_epochs > 0:

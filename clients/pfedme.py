@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from clients.base import TorchClient
-from clients.batches import Batch, batch_indices, batches_of, steps_for
+from clients.batches import Batch, round_batches
 from clients.losses import LossFn, Params, axpy, gradient, model_loss, proximal_term
 from clients.training import TrainReport, write_parameters
 from strategies.contracts.common import TrainingSettings
@@ -50,8 +50,7 @@ class PFedMeClient(TorchClient):
 
     def local_train(self, training: TrainingSettings, method: PFedMeSettings, rng: np.random.Generator) -> TrainReport:
         num = len(self.train_y)
-        rounds = steps_for(num, training.batch_size, training.local_steps, training.local_epochs)
-        batches = batches_of(self.train_x, self.train_y, batch_indices(num, training.batch_size, rounds, rng))
+        rounds, batches = round_batches(self.train_x, self.train_y, training, rng)
         start = tuple(p.detach() for p in self.model.parameters())
         self.model.train()
         w, theta, losses = pfedme_local_rounds(model_loss(self.model), start, batches, lam=method.lambda_,

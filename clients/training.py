@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from clients.batches import Batch, batch_indices, batches_of, steps_for
+from clients.batches import Batch, round_batches
 from clients.losses import (
     ExtraLoss,
     Forward,
@@ -253,10 +253,6 @@ def local_sgd(
     (``batch_term``: output and representation), watch every step, or train only some
     parameters (``trainable``, by name; the rest frozen) (see :func:`train_steps`).
     """
-    num = len(y)
-    batch_size = training.batch_size if batch_size is None else batch_size
-    if steps is None:
-        steps = steps_for(num, batch_size, training.local_steps, training.local_epochs)
-    batches = batches_of(x, y, batch_indices(num, batch_size, steps, rng))
+    _, batches = round_batches(x, y, training, rng, batch_size=batch_size, steps=steps)
     return train_steps(model, batches, training.lr if lr is None else lr, extra_loss=extra_loss,
                        batch_term=batch_term, on_step=on_step, trainable=trainable)  # fmt: skip
