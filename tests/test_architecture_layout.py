@@ -1,14 +1,13 @@
 """The tree as docs/architecture.md draws it, and the rooms' rules: where Flower's types may be imported, sizes.
 
 The layout block of docs/architecture.md names every module of ``app/`` and ``strategies/``
-in its folder; a module it omits, or one it names that is gone, fails here. Only
-``strategies/flower/`` imports Flower (its logger aside, which every room may use); no
+in its folder; a module it omits, or one it names that is gone, fails here. No legacy
+Flower type is left (that only ``strategies/flower/`` imports Flower is tests/test_layout.py's); no
 file of app/, strategies/ or clients/ is over 300 lines; ``strategies/`` keeps at most 10 entries at its top.
 """
 
 from __future__ import annotations
 
-import ast
 import re
 
 from conftest import REPO
@@ -17,8 +16,6 @@ DOC = REPO / "docs" / "architecture.md"
 DRAWN = ("app", "strategies")  # the packages whose every module the layout names (clients/ and datasets/ in summary)
 ENTRY = re.compile(r"^( *)(\S+?(?:\.py|/))(?:\s|$)")
 MAX_LINES = 300
-FLOWER_ROOM = "strategies/flower"
-FLOWER_LOGGER = "flwr.common.logger"  # Flower's log function, not a type: every room logs through it
 
 
 def drawn_tree(text: str) -> set[str]:
@@ -73,24 +70,6 @@ def test_the_layout_reader_finds_entries_folders_and_skips_descriptions():
     text = ("## Layout\n\n```\napp/                  the root\n  api.py              x\n  config/             y\n"
             "    keys.py           z\n                      a continuation.py naming a file\n  other.py  w\n```\n")
     assert drawn_tree(text) == {"app/", "app/api.py", "app/config/", "app/config/keys.py", "app/other.py"}
-
-
-def flower_imports(path) -> list[str]:
-    names = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.append(node.module)
-    return [n for n in names if n.split(".")[0] == "flwr" and n != FLOWER_LOGGER]
-
-
-def test_only_the_flower_room_of_strategies_imports_flower():
-    outside = {path.relative_to(REPO).as_posix(): found for path in (REPO / "strategies").rglob("*.py")
-               if not path.relative_to(REPO).as_posix().startswith(FLOWER_ROOM)
-               and (found := flower_imports(path))}  # fmt: skip
-    assert outside == {}, f"only {FLOWER_ROOM}/ may import Flower's types: {outside}"
-    assert flower_imports(REPO / FLOWER_ROOM / "rounds.py"), "the checker would miss an import"
 
 
 def test_no_legacy_flower_type_is_left_in_the_packages():

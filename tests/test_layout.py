@@ -9,6 +9,8 @@ import pytest
 from conftest import REPO
 
 PACKAGES = ("app", "strategies", "clients", "datasets")
+FLOWER_ROOM = "strategies.flower"  # the one place of strategies/ that imports Flower's message types
+FLOWER_LOGGER = "flwr.common.logger"  # Flower's log function, not a type: every room logs through it
 # package (or subpackage) -> top-level modules it must not import
 FORBIDDEN = {
     "datasets": ("app", "strategies", "clients", "flwr", "torch"),
@@ -41,6 +43,9 @@ def test_imports_follow_the_dependency_direction(module, path):
     if owner is not None:
         bad = [name for name in imported if name.split(".")[0] in FORBIDDEN[owner]]
         assert not bad, f"{module} imports {bad}; {owner} must not import {FORBIDDEN[owner]}"
+    if module.startswith("strategies.") and not module.startswith(FLOWER_ROOM):  # Flower's types: one room only
+        bad = [n for n in imported if n.split(".")[0] == "flwr" and n != FLOWER_LOGGER]
+        assert not bad, f"{module} imports {bad}; only {FLOWER_ROOM} imports Flower (its logger aside)"
     if module.startswith("clients."):  # a client may read its method's contract and nothing else of the server's
         bad = [n for n in imported if n.startswith("strategies") and not n.startswith("strategies.contracts")]
         assert not bad, f"{module} imports {bad}; clients import only strategies.contracts"
