@@ -1,9 +1,11 @@
-"""The tree as docs/architecture.md draws it, and the rooms' rules: where Flower's types may be imported, sizes.
+"""The tree as docs/architecture.md draws it, and the rooms' rules: no legacy Flower type, file sizes, strategies/'s top.
 
-The layout block of docs/architecture.md names every module of ``app/`` and ``strategies/``
-in its folder; a module it omits, or one it names that is gone, fails here. No legacy
-Flower type is left (that only ``strategies/flower/`` imports Flower is tests/test_layout.py's); no
-file of app/, strategies/ or clients/ is over 300 lines; ``strategies/`` keeps at most 10 entries at its top.
+The layout block of docs/architecture.md names every module of ``app/``, ``strategies/`` and
+``clients/`` in its folder (a method's contract and client once, as ``<method>.py``); a
+module it omits, or one it names that is gone, fails here. No legacy Flower type is left
+(that only ``strategies/flower/`` imports Flower is tests/test_layout.py's); no file of
+app/, strategies/ or clients/ is over 300 lines; ``strategies/`` keeps at most 10 entries
+at its top.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import re
 from conftest import REPO
 
 DOC = REPO / "docs" / "architecture.md"
-DRAWN = ("app", "strategies")  # the packages whose every module the layout names (clients/ and datasets/ in summary)
+DRAWN = ("app", "strategies", "clients")  # the packages whose every module the layout names (datasets/ in summary)
 ENTRY = re.compile(r"^( *)(\S+?(?:\.py|/))(?:\s|$)")
 MAX_LINES = 300
 
@@ -48,9 +50,10 @@ def actual_tree() -> set[str]:
 
 
 def method_contract(path: str) -> bool:
-    """A method's contract, which the layout names once as ``contracts/<method>.py``."""
-    return path.startswith("strategies/contracts/") and path.removeprefix("strategies/contracts/").removesuffix(
-        ".py") in {p.stem for p in (REPO / "strategies" / "contracts").glob("*.py")} - SHARED_CONTRACT_FILES
+    """A method's contract or client, which the layout names once as ``<method>.py`` in its folder."""
+    methods = {p.stem for p in (REPO / "strategies" / "contracts").glob("*.py")} - SHARED_CONTRACT_FILES
+    folder, _, name = path.rpartition("/")
+    return folder in ("strategies/contracts", "clients") and name.removesuffix(".py") in methods
 
 
 SHARED_CONTRACT_FILES = {"__init__", "keys", "contract", "payload", "personal", "models", "code", "common",
