@@ -1,4 +1,4 @@
-"""The tree as docs/architecture.md draws it, and the rooms' rules: no legacy Flower type, file sizes, strategies/'s top.
+"""The tree as docs/architecture.md draws it, and the rooms' rules: no legacy Flower type, file sizes, the top.
 
 The layout block of docs/architecture.md names every module of ``app/``, ``strategies/`` and
 ``clients/`` in its folder (a method's contract and client once, as ``<method>.py``); a
