@@ -159,7 +159,7 @@ def test_flwr_datasets_survives_installing_stamen_and_the_quick_start_job_finish
     assert packages == {"stamen", "stamen-0.1.0.dist-info"}, listed
     check = (
         "import flwr_datasets, datasets; from flwr_datasets import FederatedDataset; "
-        "from stamen.strategies.methods.perfedavg import PerFedAvg; "
+        "from stamen.strategies.methods.perfedavg import PerFedAvgServer; "
         "assert 'site-packages' in datasets.__file__ and hasattr(datasets, 'Dataset'), datasets.__file__; print('ok')"
     )
     out = subprocess.run([python, "-c", check], cwd=tmp_path, capture_output=True, text=True)

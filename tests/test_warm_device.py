@@ -62,8 +62,13 @@ def config(results: Path, name: str, **change: object) -> dict[str, object]:
 
 def changed_app(where: Path) -> Path:
     """A copy of the app whose ``clients/training.py`` has one more function: another FAB, another fingerprint."""
-    shutil.copytree(REPO, where, ignore=shutil.ignore_patterns(".git", "results", "__pycache__", "tests", "bench",
-                                                                 "docs", ".ci", "*.egg-info", "build"))  # fmt: skip
+    top = shutil.ignore_patterns(".git", "results", "tests", "bench", "docs", ".ci", "*.egg-info", "build")
+    everywhere = shutil.ignore_patterns("__pycache__")  # app/results/ is code: only the top's results/ is output
+
+    def ignored(folder: str, names: list[str]) -> set[str]:
+        return everywhere(folder, names) | (top(folder, names) if Path(folder) == REPO else set())
+
+    shutil.copytree(REPO, where, ignore=ignored)
     with (where / "clients" / "training.py").open("a") as handle:
         handle.write('\n\ndef changed_for_the_warm_test() -> None:\n    """Only here to change the FAB."""\n')
     return where
