@@ -25,7 +25,10 @@ from strategies.tuning.tuner import FathomTuner
 
 
 class FedAvgHooks:
-    """The hooks a method overrides, with FedAvg's answers (see the module's docstring)."""
+    """The hooks a method overrides, with FedAvg's answers (see the module's docstring).
+
+    The annotations below are what the hooks read; :class:`strategies.base.FederatedStrategy` sets them.
+    """
 
     contract: ClassVar[Contract]
     settings: Settings
@@ -33,11 +36,7 @@ class FedAvgHooks:
     sent_shapes: list[tuple[int, ...]]
     sent_dtypes: list[np.dtype]
     float_layers: list[bool]
-
-    @property
-    def global_shared(self) -> list[np.ndarray]:
-        """The global model's arrays that travel (the method object's, :class:`FederatedStrategy`)."""
-        raise NotImplementedError
+    global_shared: list[np.ndarray]  # the global model's arrays that travel (FederatedStrategy's property)
 
     def hyperparameters(self) -> dict[str, Scalar]:
         """The values in force: the shared keys the contract uses and the method's keys clients read."""
