@@ -44,7 +44,7 @@ from strategies.flower.codec import (
 from strategies.flower.fleet import GridFleet
 from strategies.flower.messages import instruction_messages, read_replies
 from strategies.flower.paced_grid import PacedGrid, Pending, paced_run
-from strategies.nodes.failures import NodeError
+from strategies.nodes.failures import NodeFailureError
 from strategies.rounds.checkpoint import Checkpoint
 from strategies.rounds.phases import Instruction
 from strategies.rounds.run_watch import RunDivergedError
@@ -274,15 +274,16 @@ class Rounds(Strategy):
 
     def _messages(self, server_round: int, instructions: list[Instruction], config: ConfigRecord,
                   kind: str) -> list[Message]:  # fmt: skip
-        messages = self._sent[(server_round, kind)] = instruction_messages(
+        self._sent[(server_round, kind)] = instruction_messages(
             instructions, dict(config), kind=kind, group=str(server_round), names=self.method.sent_names,
             shadowed=self._shadowed)  # fmt: skip
-        return messages
+        return self._sent[(server_round, kind)]
 
     def read(self, replies: Iterable[Message], sent: list[Message], *,
-             fit: bool) -> tuple[list[Received | Evaluation], list[NodeError]]:  # fmt: skip
+             fit: bool) -> tuple[list[Received | Evaluation], list[NodeFailureError]]:  # fmt: skip
         """The replies as the round's phases read them, and the failures: errors, unreadable and missing replies."""
         return read_replies(replies, sent, fit=fit, names=self.method.sent_names, waited_s=self.timeout)
+
 
 def _in_order(grid: Grid) -> bool:
     """Whether rounds may overlap on ``grid``: it waits by :class:`PacedGrid` and runs a node's messages in order."""
