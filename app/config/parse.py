@@ -14,7 +14,13 @@ from app.config.keys import did_you_mean, unknown_keys_problem
 from app.config.rules import check_settings
 from app.registry import CONTRACTS
 from clients.models import model_cards
-from strategies.contracts.common import DataSettings, ExecutionSettings, RunSettings, TrainingSettings
+from strategies.contracts.common import (
+    DataSettings,
+    ExecutionSettings,
+    FleetSettings,
+    RunSettings,
+    TrainingSettings,
+)
 from strategies.contracts.contract import Contract
 from strategies.contracts.keys import ConfigError
 from strategies.contracts.models import ModelCard
@@ -75,7 +81,8 @@ def parse_settings(
         raise ConfigError(f"run config key 'strategy': {run.strategy!r} is not allowed; choose one of "
                           f"{list(contracts)}")  # fmt: skip
     shared = {"data": DataSettings.from_config(run_config), "training": TrainingSettings.from_config(run_config),
-              "execution": ExecutionSettings.from_config(run_config)}  # fmt: skip
+              "execution": ExecutionSettings.from_config(run_config),
+              "fleet": FleetSettings.from_config(run_config)}  # fmt: skip
     # every method's values are checked, the chosen one's are kept
     methods = {name: contract.settings.from_config(run_config) for name, contract in contracts.items()}
     card = model_card(shared["training"].model, model_cards() if models is None else models)

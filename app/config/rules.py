@@ -216,6 +216,28 @@ def run_name_is_a_name(settings: Settings, contracts: Mapping[str, Contract]) ->
         raise ConfigError(problem)
 
 
+def pace_fits_the_method(settings: Settings, contracts: Mapping[str, Contract]) -> None:
+    """``pace = "buffered"`` only for a method that says how a stale reply joins an update; never under a tuner.
+
+    Deadline rounds are rounds whose late replies count as failures, which every method takes.
+    """
+    fleet, contract = settings.fleet, contracts[settings.run.strategy]
+    if fleet.pace != "buffered":
+        if fleet.bias_correction != "none":
+            raise ConfigError(f"run config key 'bias-correction': {fleet.bias_correction!r} corrects the buffered "
+                              f"pace's participation; pace is {fleet.pace!r} (set pace = \"buffered\" or leave "
+                              "bias-correction at \"none\")")  # fmt: skip
+        return
+    if not contract.asynchronous:
+        raise ConfigError(f"run config key 'pace': 'buffered' is refused for strategy {contract.name!r}: its server "
+                          "state assumes rounds (a stale reply has no defined place in it); use pace = \"lockstep\" "
+                          "or \"deadline\" (docs/fleets.md)")  # fmt: skip
+    if settings.run.tune != "none":
+        raise ConfigError(f"run config key 'pace': 'buffered' is refused with tune = {settings.run.tune!r}: the "
+                          "tuner's hypergradient compares whole rounds; use pace = \"lockstep\" or "
+                          "\"deadline\"")  # fmt: skip
+
+
 RULES: tuple[Rule, ...] = (
     Rule(("model", "dataset"), model_takes_the_inputs),
     Rule(("model", "dataset"), model_task_fits_the_targets),
@@ -231,6 +253,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("central-eval", "validation-fraction"), central_eval_reads_no_held_out_test),
     Rule(("central-eval", "strategy"), central_eval_has_a_whole_model),
     Rule(("run-name",), run_name_is_a_name),
+    Rule(("pace", "bias-correction", "strategy", "tune"), pace_fits_the_method),
 )
 
 

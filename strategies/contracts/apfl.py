@@ -32,6 +32,7 @@ class ApflSettings(MethodSettings):
 
 
 CONTRACT = Contract(
+    asynchronous="global",  # buffered replies are rebased onto the newest global model (docs/fleets.md)
     name="apfl",
     adapts_at_test=False,
     summary="APFL: each client mixes a local model of its own with the global one, and learns the mixing weight",

@@ -231,4 +231,58 @@ class ExecutionSettings(KeyedSettings):
                            "in that folder")
 
 
-SHARED_GROUPS: tuple[type[KeyedSettings], ...] = (RunSettings, DataSettings, TrainingSettings, ExecutionSettings)
+PACES = ("lockstep", "deadline", "buffered")  # strategies/rounds/pacing/schedule.py
+CLOCKS = ("auto", "virtual", "wall")
+STALENESS_RULES = ("sqrt", "none")  # strategies/rounds/pacing/staleness.py
+CORRECTIONS = ("none", "inverse-participation")  # strategies/rounds/pacing/participation.py
+FLEETS = ("lognormal", "trace")
+SPEED_TIES = ("independent", "data")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetSettings(KeyedSettings):
+    """How rounds are paced over an unequal fleet, and the simulated fleet's devices (docs/fleets.md)."""
+
+    pace: str = key("lockstep", "lockstep (every round waits for its sampled devices), deadline (over-select, close at "
+                    "the target count or the deadline) or buffered (concurrency devices train at once; every "
+                    "buffer-size replies make one server update: FedBuff)", choices=PACES)  # fmt: skip
+    deadline: float = key(0.0, "seconds a round (deadline, lockstep) or a job (buffered) may take before its late "
+                          "replies are discarded and counted (0 = 3600 s, as before)", at_least=0,
+                          at_most=MAX_WAIT_S)  # fmt: skip
+    over_selection: float = key(1.3, "deadline: sample this many times the round's target (Bonawitz et al.: 1.3)",
+                                at_least=1, at_most=10)  # fmt: skip
+    concurrency: int = key(0, "buffered: devices training at once (0 = the fit sample's size)", at_least=0,
+                           at_most=1_000_000)  # fmt: skip
+    buffer_size: int = key(0, "buffered: replies per server update (1 = FedAsync; 0 = half the concurrency)",
+                           at_least=0, at_most=1_000_000)  # fmt: skip
+    staleness: str = key("sqrt", "buffered: a reply tau updates stale is weighted 1/sqrt(1+tau) (sqrt) or 1 (none)",
+                         choices=STALENESS_RULES)  # fmt: skip
+    server_lr: float = key(1.0, "buffered: the server's step on the buffered updates (FedBuff's eta_g)", above=0,
+                           at_most=100)  # fmt: skip
+    bias_correction: str = key("none", "buffered: weight each device's update by 1/(its share of the applied "
+                               "updates) (inverse-participation), or not (none)", choices=CORRECTIONS)  # fmt: skip
+    clock: str = key("auto", "auto (virtual in a simulation, the wall clock on a deployment), virtual or wall",
+                     choices=CLOCKS)  # fmt: skip
+    fleet: str = key("lognormal", "the virtual clock's fleet: lognormal (drawn from the seed) or trace (fleet-trace)",
+                     choices=FLEETS)  # fmt: skip
+    fleet_trace: str = key("", "a CSV: partition,step-seconds,bandwidth,windows (docs/fleets.md); an absolute path")
+    fleet_step_seconds: float = key(0.1, "the median simulated device's seconds per local step", above=0,
+                                    at_most=MAX_WAIT_S)  # fmt: skip
+    fleet_spread: float = key(10.0, "the ratio of the 90th to the 10th percentile of the devices' step times",
+                              at_least=1, at_most=1e6)  # fmt: skip
+    fleet_bandwidth: float = key(1e6, "bytes per second each simulated device moves, each way", above=0)
+    fleet_on_seconds: float = key(1800.0, "mean on period of a simulated device, in seconds", above=0)
+    fleet_off_seconds: float = key(0.0, "mean off period (0 = always on)", at_least=0)
+    fleet_speed_tie: str = key("independent", "independent, or data: the slowest devices are those whose data hold "
+                               "the highest class labels (the slowest quarter holds classes the others lack under "
+                               "label skew)", choices=SPEED_TIES)  # fmt: skip
+
+    def check(self) -> None:
+        if self.fleet == "trace" and not self.fleet_trace:
+            raise ConfigError("run config key 'fleet-trace' must name a CSV when fleet = \"trace\"")
+        if self.fleet_trace and not Path(self.fleet_trace).expanduser().is_absolute():
+            raise ConfigError(f"run config key 'fleet-trace': {self.fleet_trace!r} is relative; give an absolute path")
+
+
+SHARED_GROUPS: tuple[type[KeyedSettings], ...] = (RunSettings, DataSettings, TrainingSettings, ExecutionSettings,
+                                                  FleetSettings)

@@ -149,6 +149,9 @@ class TunerSettings(Protocol):
         """The bound keys and values of a dimension; ``work_key``: the key of the method's local work."""
 
 
+ASYNCHRONOUS = ("", "global", "own")  # Contract.asynchronous
+
+
 @dataclass(frozen=True, kw_only=True)
 class Contract:
     """A federated method as both its strategy and its client see it.
@@ -205,6 +208,12 @@ class Contract:
         evaluation, its record), so the Message API adapter may send round r+1's fit with
         round r's evaluation (``overlap-rounds``); ``False`` for a method whose
         ``fit_config``, sampling or ``begin_round`` reads the last evaluation.
+    asynchronous
+        How a reply trained from an older model joins a buffered (asynchronous) update
+        (``pace = "buffered"``, docs/fleets.md): ``global`` (it is rebased onto the newest
+        global model with its staleness weight, FedBuff), ``own`` (each partition is sent a
+        model of its own that only its own replies change, the diffusion's agents), or
+        ``""``: the method refuses the buffered pace (its server state assumes rounds).
 
     """
 
@@ -224,6 +233,7 @@ class Contract:
     robust_aggregation: bool = True
     adapts_at_test: bool = True
     overlaps_rounds: bool = True
+    asynchronous: str = ""
 
     def __post_init__(self) -> None:
         if self.settings.prefix != self.name:
@@ -232,6 +242,8 @@ class Contract:
             names = [s.name for s in sets]
             if len(set(names)) != len(names):
                 raise ValueError(f"contract {self.name!r} {what} two array sets of one name: {names}")
+        if self.asynchronous not in ASYNCHRONOUS:
+            raise ValueError(f"contract {self.name!r}: asynchronous {self.asynchronous!r} is not one of {ASYNCHRONOUS}")
         unrecorded = [m.name for m in self.metrics if not m.summary]
         if unrecorded:
             raise ValueError(f"contract {self.name!r}: metrics {unrecorded} declare no summary; every metric a method "

@@ -96,6 +96,7 @@ class DiffusionSettings(MethodSettings):
 
 
 CONTRACT = Contract(
+    asynchronous="own",  # an agent's own model changes only with its own replies (docs/fleets.md)
     robust_aggregation=False,  # the diffusion combines neighbours by its combination matrix
     name="diffusion",
     adapts_at_test=False,

@@ -36,6 +36,7 @@ class DittoSettings(MethodSettings):
 
 
 CONTRACT = Contract(
+    asynchronous="global",  # buffered replies are rebased onto the newest global model (docs/fleets.md)
     name="ditto",
     adapts_at_test=False,
     summary="Ditto: FedAvg, plus a personal model per client pulled towards the global one",

@@ -16,6 +16,7 @@ class FedAvgSettings(MethodSettings):
 
 
 CONTRACT = Contract(
+    asynchronous="global",  # buffered replies are rebased onto the newest global model (docs/fleets.md)
     name="fedavg",
     summary="FedAvg with personalised evaluation: the paper's 'FedAvg + update' baseline",
     settings=FedAvgSettings,

@@ -23,6 +23,7 @@ class FedBNSettings(MethodSettings):
 
 
 CONTRACT = Contract(
+    asynchronous="global",  # buffered replies are rebased onto the newest global model (docs/fleets.md)
     name="fedbn",
     adapts_at_test=False,
     summary="FedBN: FedAvg whose clients keep their BatchNorm layers (weights and running statistics) at home",

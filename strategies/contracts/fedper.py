@@ -26,6 +26,7 @@ class FedPerSettings(MethodSettings):
 
 
 CONTRACT = Contract(
+    asynchronous="global",  # buffered replies are rebased onto the newest global model (docs/fleets.md)
     name="fedper",
     adapts_at_test=False,
     summary="FedPer: FedAvg of the model's body; each client trains and keeps its own head",

@@ -23,6 +23,7 @@ class FedProxSettings(MethodSettings):
 
 
 CONTRACT = Contract(
+    asynchronous="global",  # buffered replies are rebased onto the newest global model (docs/fleets.md)
     name="fedprox",
     summary="FedProx: FedAvg whose clients keep near the global model with a proximal term",
     settings=FedProxSettings,

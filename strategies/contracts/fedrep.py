@@ -34,6 +34,7 @@ class FedRepSettings(MethodSettings):
 
 
 CONTRACT = Contract(
+    asynchronous="global",  # buffered replies are rebased onto the newest global model (docs/fleets.md)
     name="fedrep",
     adapts_at_test=False,
     summary="FedRep: a shared body learnt by all; each client fits its own head first, then the body",

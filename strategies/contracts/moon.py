@@ -25,6 +25,7 @@ class MoonSettings(MethodSettings):
 
 
 CONTRACT = Contract(
+    asynchronous="global",  # buffered replies are rebased onto the newest global model (docs/fleets.md)
     name="moon",
     summary="MOON: FedAvg whose clients pull their representation towards the global model's and away from "
             "their previous one's",

@@ -69,6 +69,7 @@ class PerFedAvgSettings(MethodSettings):
 
 
 CONTRACT = Contract(
+    asynchronous="global",  # buffered replies are rebased onto the newest global model (docs/fleets.md)
     name="perfedavg",
     summary="Per-FedAvg: personalised FL as MAML, with first-order, Hessian-free and exact second-order meta-steps",
     settings=PerFedAvgSettings,

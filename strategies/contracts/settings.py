@@ -1,18 +1,18 @@
-"""``Settings``: a whole run's settings, typed: the four shared groups, the model's card and the method's own."""
+"""``Settings``: a whole run's settings, typed: the shared groups, the model's card and the method's own."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from datasets import GENERATED, USER_DATASETS, DataSpec, PartitionSpec, parse_classes, parse_shape
-from strategies.contracts.common import DataSettings, ExecutionSettings, RunSettings, TrainingSettings
+from strategies.contracts.common import DataSettings, ExecutionSettings, FleetSettings, RunSettings, TrainingSettings
 from strategies.contracts.contract import MethodSettings
 from strategies.contracts.models import ModelCard
 
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """A whole run's settings: the four shared groups, the chosen model's card and the chosen method's own.
+    """A whole run's settings: the five shared groups, the chosen model's card and the chosen method's own.
 
     Each group checks its own keys as it is built; the rules between groups (a model
     that needs images on generated data, a BatchNorm model with batches of one, say) and
@@ -27,6 +27,7 @@ class Settings:
     method: MethodSettings
     model_card: ModelCard  # the traits of ``training.model``, from the model registry
     tuner: MethodSettings | None = None  # the tuner's own settings (fathom-*), when ``tune`` names one
+    fleet: FleetSettings = field(default_factory=FleetSettings)  # the pace of the rounds and the simulated fleet
 
     def __post_init__(self) -> None:
         if self.model_card.name != self.training.model:
@@ -35,7 +36,7 @@ class Settings:
     def as_run_config(self) -> dict[str, object]:
         """Every key of the shared groups and of the method, with its value (for summaries and checkpoints)."""
         out: dict[str, object] = {}
-        for group in (self.run, self.data, self.training, self.execution, self.method, self.tuner):
+        for group in (self.run, self.data, self.training, self.execution, self.fleet, self.method, self.tuner):
             if group is not None:
                 out.update(group.values())
         return out
