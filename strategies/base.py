@@ -40,6 +40,7 @@ from strategies.nodes.directory import NodeDirectory
 from strategies.rounds.checkpoint import Checkpoint
 from strategies.rounds.divergence import DivergenceWatch
 from strategies.rounds.global_model import GlobalModel, shared_indices
+from strategies.rounds.pacing.pacer import Pacer
 from strategies.rounds.phases import PREFLIGHT_LOG, RoundPhases
 from strategies.rounds.recorder import NullRecorder, Recorder
 from strategies.rounds.run_checkpoints import RunCheckpoints
@@ -137,8 +138,8 @@ class FederatedStrategy(FedAvgHooks):
         self.phases = RoundPhases(hooks=self, run=settings.run, model=self.model, nodes=self.nodes, tuner=self.tuner,
                                   reply_screen=self.reply_screen, watch=self.watch, recorder=self.recorder,
                                   central_evaluation=central_evaluation, fit_specs=fit_specs,
-                                  evaluate_specs={m.name: m for m in EVALUATE_METRICS},
-                                  class_names=class_names)  # fmt: skip
+                                  evaluate_specs={m.name: m for m in EVALUATE_METRICS}, class_names=class_names,
+                                  pacer=Pacer(fleet=settings.fleet, run=settings.run))  # fmt: skip
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, rounds={self.num_rounds})"
@@ -250,7 +251,8 @@ class FederatedStrategy(FedAvgHooks):
 
     def sent_to(self, partition: int) -> list[np.ndarray]:
         """The model arrays ``partition`` was sent this round (a reply's update is measured from them)."""
-        return self.parameters_for(partition, "fit")
+        sent = self.phases.sent_models.get(partition)  # a buffered reply: the model its job was sent
+        return sent if sent is not None else self.parameters_for(partition, "fit")
 
     def checkpoint(self, server_round: int) -> Checkpoint:
         """The run after ``server_round``: global model, round records, node map, the method's :meth:`state`."""

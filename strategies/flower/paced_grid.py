@@ -47,6 +47,11 @@ IN_ORDER_GRIDS = (HttpGrid,)
 SIMULATED_PULL_INTERVAL = 0.02
 
 
+def is_deployed(grid: Grid) -> bool:
+    """Whether ``grid`` (or the grid a :class:`PacedGrid` wraps) is Flower's deployed grid: the wall clock's."""
+    return isinstance(grid.grid if isinstance(grid, PacedGrid) else grid, HttpGrid)
+
+
 def delivers_in_order(grid: Grid) -> bool:
     """Whether ``grid`` runs each node's messages one after another, in the order they were pushed.
 
@@ -165,11 +170,16 @@ class PacedGrid(Grid):
             self._waiters.append(waiter)
         return waiter
 
-    def receive(self, waiter: Pending, *, timeout: float | None = None) -> list[Message]:
-        """The replies to ``waiter``'s messages that came by now or come within ``timeout`` seconds from now."""
+    def receive(self, waiter: Pending, *, timeout: float | None = None, enough: int = 0) -> list[Message]:
+        """The replies to ``waiter``'s messages that came by now or come within ``timeout`` seconds from now.
+
+        With ``enough`` > 0 it returns as soon as that many replies came (a deadline round's
+        target); the others are no longer pulled.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            while waiter.awaited and (deadline is None or time.monotonic() < deadline):
+            while (waiter.awaited and (deadline is None or time.monotonic() < deadline)
+                   and not 0 < enough <= len(waiter.replies)):  # fmt: skip
                 self._pull_if_due()
                 if waiter.awaited:
                     waiter.woken.wait(self._until_next_pull(deadline))

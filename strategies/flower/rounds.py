@@ -16,10 +16,11 @@ itself (fit, the server's test, the clients' evaluation, then the round's record
 the four Message API methods a subclass or a wrapper may override.
 
 On a grid that runs each node's messages in the order they were pushed (Flower's deployed
-grid), round r+1's fit goes out with round r's evaluation (``overlap-rounds``): both carry
-the same global model, and a SuperNode that has answered the evaluation finds the fit
-waiting instead of sleeping 3 s before its next pull. The records and the model are the
-same as without the overlap (``FederatedStrategy.can_overlap`` says when it is allowed).
+grid), lockstep round r+1's fit goes out with round r's evaluation (``overlap-rounds``):
+a SuperNode that has answered the evaluation finds the fit waiting instead of sleeping 3 s;
+the records and model are the same (``FederatedStrategy.can_overlap`` says when allowed).
+The ``pace`` key's deadline rounds are timed and counted by ``pacing.py``; its buffered
+pace is played by ``buffered.py`` (docs/fleets.md).
 """
 
 from __future__ import annotations
@@ -34,23 +35,18 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from strategies.base import FederatedStrategy
 from strategies.contracts.common import PULL_INTERVAL
-from strategies.flower.codec import (
-    MODEL_RECORD,
-    array_records,
-    check_like,
-    metric_record,
-    same_arrays,
-)
+from strategies.flower.buffered import play_buffered, start_pacer
+from strategies.flower.codec import MODEL_RECORD, array_records, check_like, metric_record, same_arrays
 from strategies.flower.fleet import GridFleet
 from strategies.flower.messages import instruction_messages, read_replies
-from strategies.flower.paced_grid import PacedGrid, Pending, paced_run
+from strategies.flower.paced_grid import PacedGrid, Pending, is_deployed, paced_run
+from strategies.flower.pacing import counted_replies, timed_instructions
 from strategies.nodes.failures import NodeFailureError
 from strategies.rounds.checkpoint import Checkpoint
+from strategies.rounds.pacing.fleet_model import JobTiming
 from strategies.rounds.phases import Instruction
 from strategies.rounds.run_watch import RunDivergedError
 from strategies.screening.replies import Evaluation, Received
-
-TIMEOUT_S = 3600.0  # seconds a phase waits for its replies, unless start is given another
 
 
 class Rounds(Strategy):
@@ -83,12 +79,13 @@ class Rounds(Strategy):
         self.num_rounds = method.num_rounds - self.offset  # the rounds left to play
         self.pull_interval = pull_interval
         self.overlap_rounds = overlap_rounds
-        self.timeout = TIMEOUT_S
+        self.timeout = method.phases.pacer.wait_s  # seconds a phase waits for its replies (the deadline key)
         self.fleet: GridFleet | None = None  # the grid's nodes, once the run has started on them
         # each phase's messages by (round, message type), until its replies are read (Flower sets their ids on sending)
         self._sent: dict[tuple[int, str], list[Message]] = {}
         self._shadowed: set[str] = set()  # train_config keys already reported as set over stamen's own
         self._handed: ArrayRecord | None = None  # the global model as last handed to Flower's loop
+        self._timings: dict[int, dict[int, JobTiming]] = {}  # on the virtual clock: each fit's job times, by round
 
     def __repr__(self) -> str:
         after = f", after round {self.offset}" if self.offset else ""
@@ -128,13 +125,19 @@ class Rounds(Strategy):
                 server_round)  # fmt: skip
             self.method.adopt_model([a.numpy() for a in arrays.values()])
         instructions = self.phases.fit_instructions(server_round + self.offset, fleet)
+        instructions, self._timings[server_round] = timed_instructions(  # the pace's: who will leave, when each ends
+            self.phases.pacer, self.method.nodes, instructions, self.phases.round_of(server_round + self.offset).record)
         return self._messages(server_round, instructions, config, MessageType.TRAIN)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The method's combination of the screened replies; then the server's own test (``central-eval``)."""
-        results, failures = self.read(replies, self._sent.pop((server_round, MessageType.TRAIN), []), fit=True)
+        replies, sent = counted_replies(self.phases.pacer, self.method.nodes, server_round + self.offset, list(replies),
+                                        self._sent.pop((server_round, MessageType.TRAIN), []),
+                                        self._timings.pop(server_round, {}),
+                                        self.phases.round_of(server_round + self.offset).record)  # fmt: skip
+        results, failures = self.read(replies, sent, fit=True)
         changed, metrics = self.phases.take_fit(server_round + self.offset, results, failures)
         self.phases.central_test(server_round + self.offset)
         self._handed = self.global_arrays
@@ -167,39 +170,37 @@ class Rounds(Strategy):
         grid: Grid,
         initial_arrays: ArrayRecord | None = None,
         num_rounds: int | None = None,
-        timeout: float = TIMEOUT_S,
+        timeout: float | None = None,
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
     ) -> Result:
         """The preflight, then the rounds, each closed on the method; Flower's ``Result`` of the run.
 
-        Flower's own ``start`` would run the same four methods (a wrapper such as Flower's
-        differential-privacy strategies does), but it cannot stop a run early nor mark its
-        results folder failed; this one does both, and logs one line per round instead of
-        every aggregated record.
+        Flower's own ``start`` runs the same four methods (as a wrapper does) but cannot stop
+        a run early nor mark its results folder failed; this one does both.
 
         Parameters
         ----------
         grid
             The grid the ServerApp was given.
         initial_arrays
-            Optional: the model to start from, with the names and shapes of the run's
-            model; default: the model stamen built from the run's ``seed`` (so the same
-            seed gives the same run).
+            Optional: the model to start from (the run's names and shapes); default: the
+            model stamen built from the run's ``seed``.
         num_rounds
             Rounds to play; default: the run config's (less a resumed run's done rounds).
         timeout
-            Seconds each phase waits for its replies; a node that has not answered by then failed.
+            Seconds each phase waits for its replies (default: the ``deadline`` key, or
+            3600 s without one); a node that has not answered by then failed.
         train_config, evaluate_config
             Extra config values sent with every train / evaluate message.
         evaluate_fn
-            Optional: ``(round, arrays) -> MetricRecord``, called after every round as Flower's
-            strategies call it; stamen's own server test is the ``central-eval`` key.
+            Optional: ``(round, arrays) -> MetricRecord`` after every round, as Flower calls it
+            (stamen's own server test is the ``central-eval`` key).
 
         """
         rounds = self.num_rounds if num_rounds is None else num_rounds
-        self.timeout = timeout
+        self.timeout = timeout or self.phases.pacer.wait_s
         result = Result()
         try:
             with paced_run(grid, self.pull_interval) as grid:  # Flower's deployed grid would pull every 3 s
@@ -208,6 +209,10 @@ class Rounds(Strategy):
                 if initial_arrays is not None:
                     check_like(initial_arrays, arrays)
                     arrays = initial_arrays
+                if self.phases.pacer.pace == "buffered":
+                    play_buffered(self, grid, rounds, train_config or ConfigRecord(), evaluate_config or ConfigRecord())
+                    return result
+                self.overlap_rounds &= self.phases.pacer.pace == "lockstep"  # a deadline round drops its late replies
                 if self.overlap_rounds and rounds > 1 and _in_order(grid):
                     log(INFO, "stamen: each round's evaluation goes out with the next round's fit (overlap-rounds)")
                 train: Pending | list[Message] | None = None  # the round's fit, when it went out with the last round
@@ -230,7 +235,9 @@ class Rounds(Strategy):
         """One round as Flower's ``Strategy.start`` plays it; the global model after it, and the next fit if sent."""
         if train is None:
             train = self._send(grid, list(self.configure_train(server_round, arrays, train_config, grid)))
-        new_arrays, train_metrics = self.aggregate_train(server_round, self._receive(grid, train))
+        pacer, sent = self.phases.pacer, len(self._sent.get((server_round, MessageType.TRAIN), []))
+        enough = pacer.target(server_round + self.offset, sent) if pacer.pace == "deadline" and not pacer.virtual else 0
+        new_arrays, train_metrics = self.aggregate_train(server_round, self._receive(grid, train, enough))
         if new_arrays is not None:
             result.arrays = arrays = new_arrays
         if train_metrics is not None:
@@ -256,9 +263,9 @@ class Rounds(Strategy):
         """A phase's messages pushed now where the grid can wait for them later; else kept to push when awaited."""
         return grid.send(messages) if isinstance(grid, PacedGrid) and messages else messages
 
-    def _receive(self, grid: Grid, sent: Pending | list[Message]) -> list[Message]:
+    def _receive(self, grid: Grid, sent: Pending | list[Message], enough: int = 0) -> list[Message]:
         if isinstance(sent, Pending):
-            return grid.receive(sent, timeout=self.timeout)
+            return grid.receive(sent, timeout=self.timeout, enough=enough)
         return list(grid.send_and_receive(sent, timeout=self.timeout)) if sent else []
 
     def started(self, grid: Grid) -> GridFleet:
@@ -268,6 +275,8 @@ class Rounds(Strategy):
             self.phases.start_run(self.fleet)
             if self.checkpoint is not None:
                 self.method.resume(self.checkpoint)
+            start_pacer(self.method, virtual=self.phases.pacer.settings.clock == "virtual" or (
+                self.phases.pacer.settings.clock == "auto" and not is_deployed(grid)))  # fmt: skip
         elif self.fleet.grid is not grid:
             self.fleet = GridFleet(grid=grid)
         return self.fleet

@@ -30,11 +30,14 @@ from strategies.nodes.data import data_lines
 from strategies.nodes.directory import NodeDirectory
 from strategies.nodes.preflight import Fleet, connected, preflight, wait_for
 from strategies.nodes.preflight_errors import PreflightError
+from strategies.rounds.evaluation_phase import EvaluationPhase
 from strategies.rounds.global_model import GlobalModel
+from strategies.rounds.pacing.pacer import Pacer
+from strategies.rounds.pacing.staleness import rebase
 from strategies.rounds.recorder import Recorder
-from strategies.rounds.records import evaluation_summary, fit_summary
+from strategies.rounds.records import fit_summary
 from strategies.rounds.run_watch import RunWatch
-from strategies.screening.replies import Evaluation, Received, Reply, evaluate_reply_problem, is_non_finite
+from strategies.screening.replies import Received, Reply
 from strategies.screening.reply_screen import Failures, ReplyScreen
 from strategies.tuning.tuner import FathomTuner
 
@@ -65,6 +68,7 @@ class MethodHooks(Protocol):
 
     name: str
     contract: Contract
+    float_layers: list[bool]
 
     def fit_config(self, server_round: int) -> dict[str, Scalar]: ...
     def evaluate_config(self) -> dict[str, Scalar]: ...
@@ -78,7 +82,7 @@ class MethodHooks(Protocol):
     def start(self) -> None: ...
 
 
-class RoundPhases:
+class RoundPhases(EvaluationPhase):
     """A round's phases for the method ``hooks`` (see the module's docstring); its members come as arguments.
 
     Parameters
@@ -96,6 +100,8 @@ class RoundPhases:
         The metrics a fit and an evaluate reply may carry, by name.
     class_names
         The run's class names, for the nodes' data lines.
+    pacer
+        The run's pace (``strategies/rounds/pacing/pacer.py``): who may be sampled, and how many.
 
     """
 
@@ -103,18 +109,15 @@ class RoundPhases:
                  tuner: FathomTuner | None, reply_screen: ReplyScreen, watch: RunWatch, recorder: Recorder,
                  central_evaluation: Callable[[list[np.ndarray]], dict[str, float]] | None,
                  fit_specs: dict[str, Metric], evaluate_specs: dict[str, Metric],
-                 class_names: tuple[str, ...]) -> None:  # fmt: skip
+                 class_names: tuple[str, ...], pacer: Pacer) -> None:  # fmt: skip
         self.hooks, self.run, self.model, self.nodes, self.tuner = hooks, run, model, nodes, tuner
         self.reply_screen, self.watch, self.recorder = reply_screen, watch, recorder
-        self.central_evaluation = central_evaluation
+        self.central_evaluation, self.pacer = central_evaluation, pacer
         self.fit_specs, self.evaluate_specs, self.class_names = fit_specs, evaluate_specs, class_names
+        self.sent_models: dict[int, list[np.ndarray]] = {}  # while a buffered update screens: what each was sent
         self.open: dict[int, OpenRound] = {}  # the rounds begun and not closed (two while rounds overlap)
         self.connected_partitions: list[int] = []  # the partitions connected when the last fit was configured
         self._encoded: dict[int, tuple[list[np.ndarray], list[bytes]]] = {}  # while one round's messages are built
-
-    def is_evaluation_round(self, server_round: int) -> bool:
-        last = server_round == self.run.num_server_rounds
-        return (server_round % self.run.eval_every == 0 or last) and self.run.fraction_evaluate > 0
 
     @property
     def record(self) -> dict:
@@ -177,7 +180,8 @@ class RoundPhases:
         record.update({f"hp-{k}": v for k, v in config.items() if k != "server-round"})
         nodes = connected(self.nodes, fleet)
         self.connected_partitions = sorted(nodes)
-        chosen = self.hooks.sample_fit(server_round, self.connected_partitions)
+        available = self.pacer.available(self.connected_partitions)  # on the virtual clock: the devices on now
+        chosen = self.pacer.over_select(server_round, self.hooks.sample_fit(server_round, available), available)
         record.update({"clients-sampled": len(chosen), "fit-partitions": chosen})
         record.update(self.hooks.begin_round(server_round, chosen, "fit") or {})  # None: nothing to record
         # each node is told its partition (a device with its own data learns its number so) and the layout
@@ -217,12 +221,24 @@ class RoundPhases:
             self._encoded[id(arrays)] = cached
         return cached[1]
 
-    def take_fit(self, server_round: int, results: list[Received], failures: Failures) -> tuple[bool, dict]:
-        """The round's fit replies screened and combined into the global model; whether it changed, the metrics."""
+    def take_fit(self, server_round: int, results: list[Received], failures: Failures, *,
+                 stale: dict[int, tuple[list[np.ndarray], float]] | None = None) -> tuple[bool, dict]:  # fmt: skip
+        """The round's fit replies screened and combined into the global model; whether it changed, the metrics.
+
+        ``stale`` (the buffered pace): partition -> (the model arrays its reply was trained
+        from, its weight); each reply is screened against what it was sent, then rebased onto
+        what the partition would be sent now (``strategies/rounds/pacing/staleness.py``).
+        """
         self._encoded.clear()  # this round's messages are built and sent
         record = self.round_of(server_round).record
         record["fit-bytes-received"] = sum(len(t) for res in results for t in res.tensors)
+        self.sent_models = {p: sent for p, (sent, _) in (stale or {}).items()}
         replies, rejected, screened = self.hooks.screen_fit(server_round, results)
+        self.sent_models = {}
+        for reply in replies if stale else []:
+            sent, weight = stale[reply.partition]
+            reply.arrays[:] = rebase(self.hooks.parameters_for(reply.partition, "fit"), sent, reply.arrays, weight,
+                                     self.hooks.float_layers)  # fmt: skip
         record.update(screened)
         metrics = fit_summary(replies, self.fit_specs.values())
         previous = self.model.shared_arrays
@@ -250,51 +266,3 @@ class RoundPhases:
                        "clients-rejected": rejected, **metrics})  # fmt: skip
         record.update(self.reply_screen.failures("fit", server_round, failures))
         return arrays is not None, metrics
-
-    def central_test(self, server_round: int) -> dict[str, float] | None:
-        """The server's test of the global model after ``server_round``, when a central evaluation is given."""
-        if self.central_evaluation is None:
-            return None
-        metrics = self.central_evaluation(self.model.arrays)
-        self.round_of(server_round).record.update({f"central-{k}": v for k, v in metrics.items()})
-        return metrics
-
-    def evaluate_instructions(self, server_round: int, fleet: Fleet) -> list[Instruction]:
-        """The sampled nodes' evaluate instructions, in an evaluation round (``eval-every``); else none."""
-        if not self.is_evaluation_round(server_round):
-            return []
-        this = self.round_of(server_round)
-        this.evaluate_started = time.perf_counter()
-        nodes = connected(self.nodes, fleet)
-        chosen = self.hooks.sample_evaluate(server_round, sorted(nodes))
-        this.record.update(self.hooks.begin_round(server_round, chosen, "evaluate") or {})
-        config = {**self.hooks.evaluate_config(), "server-round": server_round}
-        this.record["eval-adapt-lr"] = config.get("adapt-lr")  # the test-time step in force, which a tuner may move
-        instructions = [self._instruction(nodes[p], p, "evaluate", config) for p in chosen]
-        self._encoded.clear()
-        this.record["eval-bytes-sent"] = sum(len(t) for ins in instructions for t in ins.tensors)
-        return instructions
-
-    def take_evaluation(self, server_round: int, results: list[Evaluation], failures: Failures) -> dict:
-        """The clients' evaluation screened and summarised into the round's record; the summary."""
-        accepted, non_finite = [], 0
-        for res in sorted(results, key=lambda res: self.nodes.partition_of(res.node)):
-            try:
-                problem = evaluate_reply_problem(res.loss, res.num_examples, res.metrics, self.evaluate_specs,
-                                                 examples_limit=self.nodes.declared(res.node).num_test)  # fmt: skip
-            except Exception as err:  # e.g. a loss that is not a number
-                problem = f"unreadable reply ({err})"
-            if problem is None:
-                accepted.append((res.loss, res.num_examples, res.metrics))
-            else:
-                non_finite += is_non_finite(problem)
-                log(WARNING, "round %s: rejected evaluate reply from %s: %s", server_round, self.nodes.label(res.node),
-                    problem)  # fmt: skip
-        metrics = evaluation_summary(accepted)
-        metrics["eval-clients-failed"] = len(results) - len(accepted) + len(failures)
-        metrics["eval-clients-nonfinite"] = non_finite
-        this = self.round_of(server_round)
-        this.record.update(metrics)
-        this.record["evaluate-seconds"] = time.perf_counter() - this.evaluate_started
-        this.record.update(self.reply_screen.failures("evaluate", server_round, failures))
-        return metrics

@@ -1,0 +1,96 @@
+"""The paces on the round engine, in-process: every method in every pace, late replies, departures, determinism."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.config import ConfigError
+from app.local.inprocess import served_run
+from app.registry import METHODS
+
+WALL_KEYS = ("seconds", "-unix")  # what the machine's clock decides; virtual-seconds is the fleet model's
+
+
+def _run(tmp_path, name="run", num_clients=6, **config):
+    config = {"num-server-rounds": 2, "eval-every": 2, "fraction-fit": 0.5, "local-steps": 2,
+              "results-dir": str(tmp_path), "run-name": name, **config}  # fmt: skip
+    strategy, grid = served_run(config, num_clients=num_clients)
+    strategy.start(grid=grid)
+    return strategy.method.history, json.loads((tmp_path / name / "summary.json").read_text())
+
+
+def _trace(tmp_path, rows: dict[int, tuple[float, str]]) -> str:
+    path = tmp_path / "fleet.csv"
+    path.write_text("partition,step-seconds,bandwidth,windows\n"
+                    + "".join(f"{p},{step},1e12,{windows}\n" for p, (step, windows) in rows.items()))  # fmt: skip
+    return str(path)
+
+
+@pytest.mark.parametrize("pace", ["deadline", "buffered"])
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_method_runs_two_updates_in_each_pace_or_refuses_it_by_name(name, pace, tmp_path):
+    config = {**METHODS[name].contract.example, "strategy": name, "pace": pace}
+    refuses = pace == "buffered" and not METHODS[name].contract.asynchronous
+    if refuses:
+        with pytest.raises(ConfigError, match=f"'buffered' is refused for strategy '{name}'"):
+            _run(tmp_path, **config)
+        return
+    history, summary = _run(tmp_path, **config)
+    assert summary["status"] == "completed" and [r["round"] for r in history] == [1, 2]
+    assert all(r["clients-succeeded"] >= 1 and r["virtual-seconds"] > 0 for r in history)
+    if pace == "buffered":
+        assert all("staleness-mean" in r for r in history)
+        assert (tmp_path / "run" / "participation.json").is_file()
+
+
+def test_the_buffered_pace_is_refused_under_a_tuner():
+    with pytest.raises(ConfigError, match="tune = 'fathom'"):
+        served_run({"strategy": "fedavg", "tune": "fathom", "pace": "buffered"}, num_clients=2)
+
+
+def test_one_seed_gives_one_run_on_the_virtual_clock(tmp_path):
+    config = {"strategy": "fedavg", "pace": "buffered", "num-server-rounds": 6, "concurrency": 4, "buffer-size": 2,
+              "fleet-on-seconds": 2.0, "fleet-off-seconds": 1.0, "seed": 3}  # fmt: skip
+
+    def kept(history):
+        return [{k: v for k, v in r.items() if k == "virtual-seconds" or not any(w in k for w in WALL_KEYS)}
+                for r in history]  # fmt: skip
+
+    first, _ = _run(tmp_path, "a", num_clients=10, **config)
+    second, _ = _run(tmp_path, "b", num_clients=10, **config)
+    other, _ = _run(tmp_path, "c", num_clients=10, **{**config, "seed": 4})
+    assert kept(first) == kept(second) and kept(first) != kept(other)
+    times = [r["virtual-seconds"] for r in first]
+    assert times == sorted(times)
+
+
+def test_a_late_reply_in_a_deadline_round_is_discarded_and_counted(tmp_path):
+    # partitions 0-2 take 0.1 s a step, partition 3 takes 10 s: with a 5 s deadline it is always late
+    trace = _trace(tmp_path, {0: (0.1, ""), 1: (0.1, ""), 2: (0.1, ""), 3: (10.0, "")})
+    history, summary = _run(tmp_path, num_clients=4, strategy="fedavg", pace="deadline", deadline=5.0,
+                            **{"fraction-fit": 1.0, "fleet": "trace", "fleet-trace": trace})  # fmt: skip
+    for record in history:
+        assert record["fit-partitions"] == [0, 1, 2, 3]  # over-selection cannot go past the four devices
+        assert record["clients-late"] == 1 and record["clients-succeeded"] == 3 and record["clients-failed"] == 0
+    # the round closes at its deadline, not when the slow device would have answered (20 s)
+    assert history[0]["virtual-seconds"] == pytest.approx(5.0, abs=1e-3)
+
+
+@pytest.mark.parametrize("pace", ["lockstep", "deadline", "buffered"])
+def test_a_device_that_leaves_mid_run_costs_at_most_the_deadline(pace, tmp_path):
+    # partition 3 is on for the first 0.15 s only: its first job (0.2 s) is cut short, and it never comes back
+    trace = _trace(tmp_path, {0: (0.1, ""), 1: (0.1, ""), 2: (0.1, ""), 3: (0.1, "0-0.15")})
+    history, summary = _run(tmp_path, num_clients=4, strategy="fedavg", pace=pace, deadline=3.0,
+                            **{"num-server-rounds": 3, "concurrency": 4, "buffer-size": 3,
+                               "fraction-fit": 0.75 if pace == "deadline" else 1.0,  # deadline: 3 and 1 more
+                               "fleet": "trace", "fleet-trace": trace})  # fmt: skip
+    assert summary["status"] == "completed" and len(history) == 3
+    assert sum(r["clients-left"] for r in history) == 1
+    first = history[0]["virtual-seconds"]
+    if pace == "lockstep":
+        assert first == pytest.approx(3.0, abs=1e-3)  # the round waited the deadline for the device that left
+    else:
+        assert first == pytest.approx(0.2, abs=1e-3)  # the others' replies close it; the departure costs nothing
+    assert all(3 not in r["fit-partitions"] for r in history[1:])  # an off device is not sampled again
