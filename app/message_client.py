@@ -11,7 +11,8 @@ text in ``"reports"``; a ``query`` is the preflight, answered with the node's pr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.client import NumPyClient
@@ -22,6 +23,7 @@ from strategies.contracts.payload import from_bytes, to_bytes
 from strategies.flower.codec import CONFIG_RECORD, read_instruction, reply
 from strategies.flower.fleet import PROPERTIES
 
+SLOWDOWN_KEY = "emulated-slowdown"
 Handler = Callable[[Message, Context], Message]
 BuildClient = Callable[[Context], NumPyClient]
 
@@ -43,10 +45,32 @@ def handler(build: BuildClient, answer: Callable[[NumPyClient, Message], RecordD
     """A Message API handler: the node's client built from its ``Context``, then ``answer``'s records as the reply."""
 
     def handle(message: Message, context: Context) -> Message:
-        return Message(content=answer(build(context), message), reply_to=message)
+        started = time.perf_counter()
+        content = answer(build(context), message)
+        if answer is train and (factor := slowdown(context.node_config)) > 1:  # an emulated slower device
+            time.sleep((factor - 1) * (time.perf_counter() - started))
+        return Message(content=content, reply_to=message)
 
     handle.__name__ = answer.__name__
     return handle
+
+
+def slowdown(node_config: Mapping[str, object]) -> float:
+    """The node's ``emulated-slowdown`` (``--node-config "emulated-slowdown=5"``; default 1: none).
+
+    An emulation for tests and benchmarks of unequal fleets (docs/fleets.md): a node with
+    factor f answers each train message after f times the seconds its work took, by sleeping.
+
+    Raises
+    ------
+    ValueError
+        Naming the key, for a value that is not a number from 1 to 1000.
+
+    """
+    value = node_config.get(SLOWDOWN_KEY, 1.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= 1000:
+        raise ValueError(f"node config key {SLOWDOWN_KEY!r}: {value!r} must be a number from 1 to 1000")
+    return float(value)
 
 
 def train(client: NumPyClient, message: Message) -> RecordDict:

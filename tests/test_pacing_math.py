@@ -172,3 +172,58 @@ def test_buffered_least_squares_goes_to_the_participation_weighted_optimum_and_t
     assert np.linalg.norm(w - biased) < 0.1 * np.linalg.norm(biased - uniform)
     corrected, _, _, _ = _buffered_least_squares("inverse-participation")
     assert np.linalg.norm(corrected - uniform) < 0.1 * np.linalg.norm(biased - uniform)
+
+
+def _async_diffusion_least_squares(correction: str, *, updates: int = 16000, mu: float = 0.02):
+    """Asynchronous diffusion on least squares, a ring of 8 agents, the odd ones 8x slower, one agent per update.
+
+    A finished agent combines at once with the latest models of its neighbours (Metropolis
+    weights, every neighbour kept), as the buffered pace plays ``diffusion`` with B = 1.
+    """
+    num, dim = 8, 3
+    features, targets = _least_squares(num, dim, 1)
+    ring = np.zeros((num, num))
+    for k in range(num):
+        ring[k, k] = 1 / 3
+        ring[(k + 1) % num, k] = ring[(k - 1) % num, k] = 1 / 3
+    fleet = FleetModel(step_seconds={k: 0.1 * (8.0 if k % 2 else 1.0) for k in range(num)},
+                       bandwidth=dict.fromkeys(range(num), 1e9),
+                       availability={k: Availability() for k in range(num)})  # fmt: skip
+    slots = Slots(concurrency=num, seed=2, fleet=fleet)
+    participation = Participation(partitions=list(range(num)), correction=correction)
+    agents, tail = np.zeros((num, dim)), []
+    for update in range(updates):
+        for k in slots.draw(list(range(num))):
+            slots.start(k, update, steps=2, bytes_down=0, bytes_up=0, sent=[agents[k].copy()])
+        job = slots.upcoming(list(range(num)))
+        slots.finish(job)
+        k, psi = job.partition, job.sent[0].copy()
+        for _ in range(2):
+            psi -= mu * participation.weight(k) * features[k].T @ (features[k] @ psi - targets[k]) / len(features[k])
+        participation.add(k, 0)
+        column = ring[:, k]
+        agents[k] = column[k] * psi + sum(column[j] * agents[j] for j in range(num) if j != k and column[j])
+        if update > updates // 2:
+            tail.append(agents.mean(axis=0))
+    return np.mean(tail, axis=0), participation, ring, features, targets
+
+
+def test_asynchronous_diffusion_goes_to_the_seeds_limit_with_the_measured_participation():
+    from strategies.methods.topology import expected_matrix, objective_weights
+
+    w, participation, ring, features, targets = _async_diffusion_least_squares("none")
+    shares = np.array(list(participation.shares().values()))
+    assert shares[0] > 3 * shares[1]  # the fast agents finish far more often
+    # the seed's w_o = argmin sum_k p_k q_k J_k, p the Perron vector of E[A_i] under the measured q
+    seed = _weighted_optimum(features, targets, objective_weights(expected_matrix(ring, shares, np.ones((8, 8))),
+                                                                  shares))  # fmt: skip
+    uniform = _weighted_optimum(features, targets, [1.0] * 8)
+    # on a doubly stochastic combination, p_k q_k is uniform whatever q is: an agent that finishes rarely is a
+    # stubborn neighbour the others keep averaging with, which its rare steps exactly offset
+    assert np.linalg.norm(seed - uniform) < 1e-9
+    assert np.linalg.norm(w - seed) < 0.02 * np.linalg.norm(uniform)
+    by_share = _weighted_optimum(features, targets, shares)  # where a buffered global model would go: far away
+    assert np.linalg.norm(w - by_share) > 20 * np.linalg.norm(w - seed)
+    corrected, _, _, _, _ = _async_diffusion_least_squares("inverse-participation")
+    # scaling the slow agents' steps up (the correction) then biases the limit towards them
+    assert np.linalg.norm(corrected - uniform) > 2 * np.linalg.norm(w - uniform)

@@ -94,3 +94,71 @@ def test_a_device_that_leaves_mid_run_costs_at_most_the_deadline(pace, tmp_path)
     else:
         assert first == pytest.approx(0.2, abs=1e-3)  # the others' replies close it; the departure costs nothing
     assert all(3 not in r["fit-partitions"] for r in history[1:])  # an off device is not sampled again
+
+
+def test_a_node_emulates_a_slower_device_by_its_node_config(tmp_path):
+    from flwr.app import Context, RecordDict
+
+    from app.local.message_grid import InProcessGrid
+    from app.message_client import slowdown
+
+    assert slowdown({}) == 1.0 and slowdown({"emulated-slowdown": 5}) == 5.0
+    for bad in ("5", 0.5, True, 1e9):
+        with pytest.raises(ValueError, match="'emulated-slowdown'"):
+            slowdown({"emulated-slowdown": bad})
+    # the node of partition 1 is 20x slower: its fit replies take twenty times its work
+    config = {"strategy": "fedavg", "num-server-rounds": 1, "fraction-fit": 1.0, "eval-every": 100,
+              "results-dir": str(tmp_path), "run-name": "slow", "local-steps": 5}  # fmt: skip
+    strategy, grid = served_run(config, num_clients=2)
+    grid.contexts = {node: Context(run_id=0, node_id=c.node_id, state=RecordDict(), run_config=c.run_config,
+                                   node_config={**c.node_config, "emulated-slowdown": 20.0 if i else 1.0})
+                     for i, (node, c) in enumerate(grid.contexts.items())}  # fmt: skip
+    assert isinstance(grid, InProcessGrid)
+    timed = {}
+    app = grid.client_app
+
+    def timing(message, context):
+        import time
+
+        started = time.perf_counter()
+        reply = app(message, context)
+        if message.metadata.message_type == "train":
+            timed[context.node_config["partition-id"]] = time.perf_counter() - started
+        return reply
+
+    grid.client_app = timing
+    strategy.start(grid=grid)
+    assert timed[1] > 8 * timed[0]
+
+
+@pytest.mark.parametrize("pace", ["deadline", "buffered"])
+def test_robust_aggregation_and_the_reply_screen_work_in_each_pace(pace, tmp_path):
+    config = {"strategy": "fedavg", "pace": pace, "aggregation": "median", "num-server-rounds": 3, "eval-every": 3,
+              "fraction-fit": 0.5, "concurrency": 6, "buffer-size": 3, "local-steps": 2,
+              "results-dir": str(tmp_path), "run-name": "run"}  # fmt: skip
+    strategy, grid = served_run(config, num_clients=8)
+    answer = grid.client_app
+
+    def broken(message, context):  # partition 0's ClientApp raises on every train message
+        if message.metadata.message_type == "train" and context.node_config["partition-id"] == 0:
+            raise RuntimeError("a broken device")
+        return answer(message, context)
+
+    grid.client_app = broken
+    strategy.start(grid=grid)
+    history = strategy.method.history
+    assert strategy.method.summary("completed")["rounds"] == 3
+    assert all("update-norm-median" in r for r in history)  # the update screen measured every update
+    assert sum(r["clients-failed"] for r in history) >= 1  # the broken device's error counted, never combined
+
+
+def test_a_buffered_run_resumes_from_its_checkpoint(tmp_path):
+    config = {"strategy": "fedavg", "pace": "buffered", "concurrency": 4, "buffer-size": 2,
+              "checkpoint-every": 2}  # fmt: skip
+    first, _ = _run(tmp_path, "first", num_clients=8, **{**config, "num-server-rounds": 4})
+    resumed, summary = _run(tmp_path, "first", num_clients=8, **{**config, "num-server-rounds": 6,
+                                                                  "resume-from": str(tmp_path / "first")})  # fmt: skip
+    assert summary["status"] == "completed" and [r["round"] for r in resumed] == list(range(1, 7))
+    assert resumed[:4] == first  # the checkpoint's records, kept
+    # the virtual clock goes on from the checkpoint's time
+    assert resumed[4]["virtual-seconds"] > first[-1]["virtual-seconds"]

@@ -90,6 +90,9 @@ class LocalDeployment(DeploymentNodes, DeploymentRuns):
         Start the Fleet gate on this address (the LAN recipe of docs/deployment.md, the
         server's LAN address there; 127.0.0.2 on one machine) and have every SuperNode dial
         it; the connection in ``flwr-home`` stays on the SuperLink's 127.0.0.1. Needs ``tls``.
+    slowed
+        Partition -> an emulated slowdown factor (``emulated-slowdown`` in its node config:
+        it answers each train message after that many times its work; docs/fleets.md).
     node_env
         Environment variables for the SuperNodes alone, beside this process's
         (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``: how often each node's SuperExec asks for a task).
@@ -121,6 +124,7 @@ class LocalDeployment(DeploymentNodes, DeploymentRuns):
         devices: Mapping[int, Sequence[str]] | None = None,
         lan_host: str | None = None,
         node_env: Mapping[str, str] | None = None,
+        slowed: Mapping[int, float] | None = None,
     ) -> None:
         # every refusal comes before the temporary workdir below: a refused deployment leaves nothing behind
         if num_nodes < 1:
@@ -138,6 +142,7 @@ class LocalDeployment(DeploymentNodes, DeploymentRuns):
         self.lan_host = lan_host
         self.devices = {int(k): list(v) for k, v in (devices or {}).items()}
         self.node_env = dict(node_env or {})
+        self.slowed = {int(k): float(v) for k, v in (slowed or {}).items()}
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="stamen-deploy-")
         self.workdir = Path(workdir or self._tmp.name).resolve()
         self.home = self.workdir / "flwr-home"
@@ -223,7 +228,9 @@ class LocalDeployment(DeploymentNodes, DeploymentRuns):
         own_data = self.node_data[partition] if self.node_data and partition < len(self.node_data) else None
         options = supernode_options(superlink=self.fleet_address, tls=self.tls, certificates=self.certificates,
                                     node_config=node_config(partition, self.num_nodes, data_dir=own_data,
-                                                            numbered=self.numbered), key=key)  # fmt: skip
+                                                            numbered=self.numbered,
+                                                            slowdown=self.slowed.get(partition, 1.0)),
+                                    key=key)  # fmt: skip
         if partition in self.devices:  # a device of its own: it picks its Runtime API port itself
             return [*self.devices[partition], *options]
         if self.warm:  # the device picks the port of its SuperNode's Runtime API itself

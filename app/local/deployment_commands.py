@@ -56,12 +56,17 @@ def gate_command(*, package: str, lan_host: str, port: int, superlink: str, cert
             "--superlink", superlink, *_server_tls(certificates)]  # fmt: skip
 
 
-def node_config(partition: int, num_nodes: int, *, data_dir: Path | None = None, numbered: bool = False) -> str:
-    """A SuperNode's ``--node-config``: its partition, or its own data folder (and, ``numbered``, its partition)."""
+def node_config(partition: int, num_nodes: int, *, data_dir: Path | None = None, numbered: bool = False,
+                slowdown: float = 1.0) -> str:  # fmt: skip
+    """A SuperNode's ``--node-config``: its partition, or its own data folder (and, ``numbered``, its partition).
+
+    ``slowdown`` > 1 adds ``emulated-slowdown`` (an emulated slower device, docs/fleets.md).
+    """
     partition_config = f"partition-id={partition} num-partitions={num_nodes}"
+    slow = f" emulated-slowdown={float(slowdown)}" if slowdown != 1.0 else ""
     if data_dir is None:
-        return partition_config
-    return f"data-dir={option_string(str(data_dir))}" + (f" {partition_config}" if numbered else "")
+        return partition_config + slow
+    return f"data-dir={option_string(str(data_dir))}" + (f" {partition_config}" if numbered else "") + slow
 
 
 def supernode_options(*, superlink: str, node_config: str, tls: bool, certificates: Certificates | None,

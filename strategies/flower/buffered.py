@@ -47,9 +47,12 @@ def start_pacer(method: FederatedStrategy, *, virtual: bool) -> None:
     classes = {nodes.partition_of(node): nodes.declared(node).train_classes for node in nodes.properties}
     method.phases.pacer.start(virtual=virtual, train_classes=classes)
     if method.history:
-        method.phases.pacer.now = float(method.history[-1].get("virtual-seconds", 0.0))
-        if method.phases.pacer.slots is not None:
-            method.phases.pacer.slots.now = method.phases.pacer.now
+        pacer = method.phases.pacer
+        pacer.now = float(method.history[-1].get("virtual-seconds", 0.0))
+        if pacer.slots is not None:  # the clock and the job numbers (the clients' seeds) go on from the checkpoint
+            pacer.slots.now = pacer.now
+            pacer.slots.jobs = sum(int(r.get("clients-sampled", 0)) + int(r.get("clients-failed", 0))
+                                   + int(r.get("clients-left", 0)) for r in method.history)  # fmt: skip
 
 
 class _IdleFleet:

@@ -29,6 +29,7 @@ def timed_instructions(pacer: Pacer, nodes: NodeDirectory, instructions: list[In
     kept = [ins for ins in instructions if timings[nodes.partition_of(ins.node)].left_at is None]
     if pacer.counts_departures:
         record["clients-left"] = len(instructions) - len(kept)
+        record["left-partitions"] = sorted(p for p, t in timings.items() if t.left_at is not None)
     return kept, timings
 
 
@@ -43,7 +44,7 @@ def counted_replies(pacer: Pacer, nodes: NodeDirectory, server_round: int, repli
         sent = [m for m in sent if m.metadata.message_id not in late]
         record["virtual-seconds"] = round(pacer.now, 6)
         if pacer.counts_departures:
-            record["clients-late"] = len(late)
+            record.update({"clients-late": len(late), "late-partitions": list(closed.late)})
     elif pacer.pace == "deadline":
         answered = {r.metadata.reply_to_message_id for r in replies}
         record["clients-late"] = sum(m.metadata.message_id not in answered for m in sent)
