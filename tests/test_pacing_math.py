@@ -9,7 +9,7 @@ import pytest
 
 from strategies.rounds.pacing.fleet_model import Availability, FleetModel, JobTiming, lognormal_fleet, read_trace
 from strategies.rounds.pacing.participation import Participation
-from strategies.rounds.pacing.schedule import Slots, close_round
+from strategies.rounds.pacing.schedule import WAIT_S, Slots, close_round
 from strategies.rounds.pacing.staleness import rebase, staleness_weight
 
 
@@ -68,6 +68,11 @@ def test_close_round_by_hand():
     assert (cut.closed_at, cut.on_time, cut.late) == (2.5, (1, 2), (0,))
     everyone = close_round({0: JobTiming(0, 3.0), 1: JobTiming(0, 1.0)}, target=2, wait_s=10.0, opened_at=0.0)
     assert everyone.closed_at == 3.0 and everyone.late == ()
+    # no deadline: a reply however slow is not late, and a device that left holds the round WAIT_S
+    slow = close_round({0: JobTiming(0, 5000.0), 1: JobTiming(0, 1.0)}, target=2, wait_s=math.inf, opened_at=0.0)
+    assert slow.closed_at == 5000.0 and slow.late == ()
+    gone = close_round(timings, target=4, wait_s=math.inf, opened_at=1.0)
+    assert gone.closed_at == 1.0 + WAIT_S and gone.on_time == (0, 1, 2)
 
 
 def test_staleness_weights_by_hand_and_rebase():

@@ -165,6 +165,7 @@ class Pacer:
 
     def close(self, timings: Mapping[int, JobTiming], target: int) -> RoundClose:
         """The round's close on the virtual clock; the clock moves to it."""
-        closed = close_round(dict(timings), target=target, wait_s=self.wait_s, opened_at=self.now)
+        wait = self.settings.deadline or math.inf  # without a deadline no reply is late on the virtual clock
+        closed = close_round(dict(timings), target=target, wait_s=wait, opened_at=self.now)
         self.now = closed.closed_at
         return closed

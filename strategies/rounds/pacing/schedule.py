@@ -43,7 +43,9 @@ def close_round(timings: dict[int, JobTiming], *, target: int, wait_s: float, op
 
     Completions are ordered by ``(done_at, partition)``; a job whose device leaves never
     completes. ``target`` = every job sent is lockstep; fewer, with over-selection, is the
-    deadline mode.
+    deadline mode. Without a deadline (``wait_s`` infinite) no reply is late, and a round
+    short of its target because a device left waits :data:`WAIT_S` for it, as a phase
+    without a deadline waits on a deployment.
     """
     limit = opened_at + wait_s
     done = sorted((t.done_at, p) for p, t in timings.items() if t.left_at is None and t.done_at <= limit)
@@ -52,8 +54,12 @@ def close_round(timings: dict[int, JobTiming], *, target: int, wait_s: float, op
         closed_at = done[target - 1][0]
         on_time = tuple(sorted(p for _, p in done[:target]))
     else:
-        closed_at = limit if (left or len(done) < len(timings)) else max((d for d, _ in done), default=opened_at)
         on_time = tuple(sorted(p for _, p in done))
+        last = max((d for d, _ in done), default=opened_at)
+        if math.isinf(limit):
+            closed_at = max(last, opened_at + WAIT_S) if left else last
+        else:
+            closed_at = limit if (left or len(done) < len(timings)) else last
     late = tuple(sorted(p for p in timings if p not in on_time and p not in left))
     return RoundClose(closed_at, on_time, late, left)
 
