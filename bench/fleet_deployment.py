@@ -1,6 +1,6 @@
 """Benchmark B11, its deployment half: lockstep against buffered rounds on a loopback fleet, in wall time.
 
-A real deployment on this machine (``app/local/deployment.py``): a SuperLink over TLS with
+A real deployment on this machine (``app/local/deployment.py``, warm devices): a SuperLink over TLS with
 SuperNode authentication and 8 SuperNodes, two of them emulating devices 5x slower
 (``emulated-slowdown``, docs/fleets.md), one killed (SIGKILL, a device losing power) once the
 run has recorded its second update. FedAvg on the embedded data, the server testing the
@@ -24,7 +24,7 @@ from app.local.deployment import LocalDeployment
 from bench.harness import REPO, arguments, stamp
 
 NODES, SLOWED, LEAVES = 8, {6: 5.0, 7: 5.0}, 5
-DEADLINE_S = 15.0
+DEADLINE_S = 30.0
 CONFIG = {"strategy": "fedavg", "central-eval": True, "fraction-fit": 1.0, "min-fit-clients": 2,
           "min-available-clients": NODES, "local-steps": 50, "fraction-evaluate": 0.0, "deadline": DEADLINE_S}
 PACES = {"lockstep": {"pace": "lockstep"}, "buffered": {"pace": "buffered", "concurrency": NODES, "buffer-size": 4}}
@@ -38,7 +38,8 @@ def one_pace(pace: str, updates: int, folder: Path) -> dict:
     """One deployment, one run of ``pace``; the node of partition ``LEAVES`` is killed after the 2nd update."""
     config = {**CONFIG, **PACES[pace], "num-server-rounds": updates, "results-dir": str(folder), "run-name": pace}
     metrics = folder / pace / "metrics.jsonl"
-    with LocalDeployment(app_dir=REPO, num_nodes=NODES, tls=True, node_auth=True, slowed=SLOWED) as deployment:
+    with LocalDeployment(app_dir=REPO, num_nodes=NODES, tls=True, node_auth=True, slowed=SLOWED,
+                         warm=True) as deployment:  # fmt: skip
         run_id = deployment.submit(config)
         give_up = time.monotonic() + 600
         while len(records(metrics)) < 2 and time.monotonic() < give_up:
