@@ -16,6 +16,8 @@ and each pace's time to it is its first update at or above it.
 from __future__ import annotations
 
 import json
+import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -56,6 +58,8 @@ def one_pace(pace: str, updates: int, folder: Path) -> dict:
 
 
 def main() -> None:
+    # a SIGTERM (``timeout``) ends the run as Ctrl-C does, so the deployment's context stops every process it started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = arguments(__doc__, out="fleet_deployment.json", quick="3 lockstep rounds, 6 buffered updates")
     args = parser.parse_args()
     rounds = 3 if args.quick else 10
