@@ -162,3 +162,15 @@ def test_a_buffered_run_resumes_from_its_checkpoint(tmp_path):
     assert resumed[:4] == first  # the checkpoint's records, kept
     # the virtual clock goes on from the checkpoint's time
     assert resumed[4]["virtual-seconds"] > first[-1]["virtual-seconds"]
+
+
+def test_a_buffered_run_whose_jobs_are_all_lost_stops_saying_why(tmp_path):
+    # every device is on for 0.1 s at a time and a job takes 0.2 s: no reply can ever come
+    trace = _trace(tmp_path, {p: (0.1, ";".join(f"{t}-{t + 0.1}" for t in range(0, 400, 2))) for p in range(4)})
+    config = {"strategy": "fedavg", "pace": "buffered", "num-server-rounds": 2, "concurrency": 2, "buffer-size": 1,
+              "fleet": "trace", "fleet-trace": trace, "results-dir": str(tmp_path), "run-name": "lost"}  # fmt: skip
+    strategy, grid = served_run(config, num_clients=4)
+    with pytest.raises(RuntimeError, match="the last 8 jobs were all lost"):
+        strategy.start(grid=grid)
+    summary = json.loads((tmp_path / "lost" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "raise deadline" in summary["reason"]

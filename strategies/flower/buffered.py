@@ -87,6 +87,7 @@ class BufferedPlay:
         self.buffer: list[tuple[Job, Received]] = []
         self.failures: list[NodeFailureError] = []
         self.left = 0
+        self.lost_in_row = 0  # jobs lost (departed or past the deadline) since the last reply that came
 
     def play(self, num_updates: int) -> None:
         version, last = self.rounds.offset, self.rounds.offset + num_updates
@@ -136,7 +137,7 @@ class BufferedPlay:
                 return None
             if job.leaves:
                 self.slots.finish(job)
-                self.left += 1
+                self._lost()
                 return None
             message_id = next(i for i, (j, _) in self.pending.items() if j is job)
             self._pull_until(lambda: message_id in self.arrived, self.rounds.timeout)
@@ -147,6 +148,7 @@ class BufferedPlay:
                 return None
         job, message = self.pending.pop(message_id)
         self.slots.finish(job)
+        self.lost_in_row = 0
         reply = self.arrived.pop(message_id, None)
         results, failures = self.rounds.read([reply] if reply is not None else [], [message], fit=True)
         self.failures.extend(failures)
@@ -171,9 +173,26 @@ class BufferedPlay:
             if now - job.timing.sent_at > self.pacer.wait_s:
                 del self.pending[message_id]
                 self.slots.finish(job)
-                self.left += 1
+                self._lost()
                 log(WARNING, "buffered pace: partition %s did not answer within %g s; its slot goes to another device",
                     job.partition, self.pacer.wait_s)  # fmt: skip
+
+    def _lost(self) -> None:
+        """A job lost; when every slot's last jobs were, the run cannot progress and stops, saying why.
+
+        Raises
+        ------
+        RuntimeError
+            After ``4 x concurrency`` jobs in a row lost (a deadline shorter than the work, or
+            devices that never stay on long enough).
+
+        """
+        self.left += 1
+        self.lost_in_row += 1
+        if self.lost_in_row >= 4 * self.slots.concurrency:
+            raise RuntimeError(f"buffered pace: the last {self.lost_in_row} jobs were all lost (their devices left, "
+                               f"or they took longer than deadline = {self.pacer.wait_s:g} s) and none came back; "
+                               "raise deadline, or lower local-steps")  # fmt: skip
 
     def _update(self, version: int, last: int) -> None:
         """One server update from the buffer, closed as a round is (see the module's docstring)."""
