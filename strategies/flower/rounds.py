@@ -19,8 +19,7 @@ On a grid that runs each node's messages in the order they were pushed (Flower's
 grid), lockstep round r+1's fit goes out with round r's evaluation (``overlap-rounds``):
 a SuperNode that has answered the evaluation finds the fit waiting instead of sleeping 3 s;
 the records and model are the same (``FederatedStrategy.can_overlap`` says when allowed).
-The ``pace`` key's deadline rounds are timed and counted by ``pacing.py``; its buffered
-pace is played by ``buffered.py`` (docs/fleets.md).
+Deadline rounds are timed by ``pacing.py``; the buffered pace is ``buffered.py``'s (docs/fleets.md).
 """
 
 from __future__ import annotations
@@ -177,8 +176,7 @@ class Rounds(Strategy):
     ) -> Result:
         """The preflight, then the rounds, each closed on the method; Flower's ``Result`` of the run.
 
-        Flower's own ``start`` runs the same four methods (as a wrapper does) but cannot stop
-        a run early nor mark its results folder failed; this one does both.
+        Flower's own ``start`` cannot stop a run early nor mark its results folder failed; this can.
 
         Parameters
         ----------
@@ -209,8 +207,11 @@ class Rounds(Strategy):
                 if initial_arrays is not None:
                     check_like(initial_arrays, arrays)
                     arrays = initial_arrays
-                if self.phases.pacer.pace == "buffered":
+                if self.phases.pacer.pace == "buffered":  # the model it starts from, as configure_train adopts it
+                    if arrays is not self._handed and not same_arrays(arrays, self._handed):
+                        self.method.adopt_model([a.numpy() for a in arrays.values()])
                     play_buffered(self, grid, rounds, train_config or ConfigRecord(), evaluate_config or ConfigRecord())
+                    result.arrays = self.global_arrays
                     return result
                 self.overlap_rounds &= self.phases.pacer.pace == "lockstep"  # a deadline round drops its late replies
                 if self.overlap_rounds and rounds > 1 and _in_order(grid):
