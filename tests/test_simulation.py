@@ -36,7 +36,7 @@ BUFFERED_CONFIG = {"strategy": "fedavg", "pace": "buffered", "concurrency": 3, "
                    "num-server-rounds": 4, "fleet-on-seconds": 2.0, "fleet-off-seconds": 1.0,
                    "eval-every": 2}  # fmt: skip
 RUNS_READ = {"test_the_results_say_which_code_data_and_versions_made_them": ["fedavg"],
-             "test_a_buffered_run_through_ray_is_the_in_process_run_of_its_seed": [BUFFERED]}
+             "test_a_buffered_run_through_ray_is_the_in_process_run_of_its_seed": [BUFFERED]}  # fmt: skip
 
 
 def records(run_dir):
@@ -53,7 +53,7 @@ def finished_runs(tmp_path_factory, request):
     configs = {name: config for name, config in configs.items() if name in wanted}
     # each also as bench/method_records.py runs it: its records and model must be those kept before issue 69
     configs |= {f"{name}-{KEPT}": method_records.run_config(name, results, f"{name}-{KEPT}")
-                for name in list(configs) if name in METHODS}
+                for name in list(configs) if name in METHODS}  # fmt: skip
     with LocalSimulation(app_dir=REPO, workdir=REPO) as sim:  # a SuperLink started in the checkout, as by `flwr run .`
         outcomes = sim.run_many(configs, num_supernodes=CLIENTS, ahead=AHEAD, timeout_s=300)
         marker = str(sim.home)
