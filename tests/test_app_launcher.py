@@ -11,15 +11,15 @@ import pytest
 from conftest import REPO
 
 from app.local.deployment import LocalDeployment
-from app.local.flower_text import run_config_text
+from app.local.flower_text import options_text
 from app.local.flwr_cli import FINISHED_OK, RunOutcome
 from app.local.processes import ProcessExitedError, live_processes, with_descendant_groups
 from app.local.simulation import LocalSimulation
 
 
-def test_run_config_text_is_toml_for_flwr_run():
-    text = run_config_text({"lr": 0.1, "dataset": "mnist", "download": True, "local-steps": 4, "data-dir": "/a b"})
-    assert text == "lr=0.1 dataset='mnist' download=true local-steps=4 data-dir='/a b'"
+def test_options_text_is_the_key_value_text_flwr_run_takes():
+    text = options_text({"lr": 0.1, "dataset": "mnist", "download": True, "local-steps": 4, "data-dir": "/a b"})
+    assert text == 'lr=0.1 dataset="mnist" download=true local-steps=4 data-dir="/a b"'
 
 
 def test_outcome_is_ok_only_when_completed():

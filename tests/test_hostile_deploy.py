@@ -30,7 +30,7 @@ from flwr.common.config import parse_config_args
 from app.local.credentials import make_certificates, make_node_key
 from app.local.deployment import CONNECTION, LocalDeployment
 from app.local.fleet_gate import FleetGate, fleet_routes
-from app.local.flower_text import option_string, toml_string
+from app.local.flower_text import options_text, toml_string
 from app.local.flwr_cli import FLOWER_ENV
 
 try:
@@ -102,14 +102,31 @@ def test_toml_strings_round_trip(text):
     assert tomllib.loads(f"key = {toml_string(text)}")["key"] == text
 
 
-def test_a_node_folder_reaches_flower_as_it_is_or_is_refused_up_front(tmp_path):
-    for name in ("it's mine", 'a "quoted" one', "back\\slash"):
-        deployment = LocalDeployment(app_dir=REPO, num_nodes=1, node_data=[tmp_path / name], workdir=tmp_path / "w")
+# every text a run or node config may hold: both quotes, backslashes, escapes written out, newlines and other
+# controls, '=' and spaces (a second key in disguise), a value ending like a TOML file name, and none at all
+OPTION_TEXTS = [ODD, "x' strategy='fedprox", "/data/O'Brien", 'a" lr="9', "back\\slash \\u0022 \\n", "tab\tnew\nline\r",
+                "\x00\x1b\x7f", "k=v w=x", "  spaced  ", "run.toml", "é ☃", ""]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", OPTION_TEXTS)
+def test_every_text_reaches_flower_through_its_own_parser_as_it_was(text):
+    config = {"run-name": text, "lr": 0.1, "local-steps": 4, "download": False, "data-dir": text, "seed": -1}
+    assert parse_config_args([options_text(config)]) == config
+    assert parse_config_args([options_text({"data-dir": text})]) == {"data-dir": text}  # last, and alone
+
+
+def test_a_config_value_flower_cannot_hold_is_refused_naming_its_key():
+    with pytest.raises(TypeError, match="config key 'classes': \\[1, 2\\] is not a bool, int, float or str"):
+        options_text({"lr": 0.1, "classes": [1, 2]})
+
+
+def test_a_node_folder_reaches_flower_as_it_is(tmp_path):
+    for name in ("it's mine", 'a "quoted" one', "back\\slash", ODD):
+        deployment = LocalDeployment(app_dir=REPO, num_nodes=1, node_data=[tmp_path / name], workdir=tmp_path / "w",
+                                     numbered=True, slowed={0: 5})  # fmt: skip
         node_config = deployment.node_command(0)[deployment.node_command(0).index("--node-config") + 1]
-        assert parse_config_args([node_config]) == {"data-dir": str(tmp_path / name)}
-        assert option_string(str(tmp_path / name)) in node_config
-    with pytest.raises(ValueError, match="holds both ' and \", which Flower's key=value options cannot carry"):
-        LocalDeployment(app_dir=REPO, num_nodes=1, node_data=[tmp_path / ODD], workdir=tmp_path / "w")
+        assert parse_config_args([node_config]) == {"data-dir": str(tmp_path / name), "partition-id": 0,
+                                                    "num-partitions": 1, "emulated-slowdown": 5.0}  # fmt: skip
 
 
 # ------------------------------------------------------------------ app/local/fleet_gate.py, without processes

@@ -35,7 +35,6 @@ from app.local.deployment_commands import (
 )
 from app.local.deployment_nodes import DeploymentNodes
 from app.local.deployment_runs import CONNECTION, DeploymentRuns
-from app.local.flower_text import option_string
 from app.local.flwr_cli import FlwrCli, flower_environment
 from app.local.processes import (
     PORT_IN_USE,
@@ -135,8 +134,6 @@ class LocalDeployment(DeploymentNodes, DeploymentRuns):
             raise ValueError(problem)
         self.node_data = [Path(folder).resolve() for folder in node_data] if node_data else None
         self.numbered = numbered
-        for folder in self.node_data or []:
-            option_string(str(folder))  # a folder Flower's --node-config cannot name is refused now
         self.app_dir = Path(app_dir).resolve()
         self.num_nodes, self.tls, self.node_auth, self.warm = num_nodes, tls, node_auth, warm
         self.lan_host = lan_host

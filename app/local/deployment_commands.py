@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from app.local.credentials import Certificates, NodeKey
-from app.local.flower_text import option_string, toml_string
+from app.local.flower_text import options_text, toml_string
 
 TLS_NEEDED = {
     "--auth": "--auth needs --tls: flower-superlink refuses --enable-supernode-auth without TLS certificates",
@@ -62,11 +62,12 @@ def node_config(partition: int, num_nodes: int, *, data_dir: Path | None = None,
 
     ``slowdown`` > 1 adds ``emulated-slowdown`` (an emulated slower device, docs/fleets.md).
     """
-    partition_config = f"partition-id={partition} num-partitions={num_nodes}"
-    slow = f" emulated-slowdown={float(slowdown)}" if slowdown != 1.0 else ""
-    if data_dir is None:
-        return partition_config + slow
-    return f"data-dir={option_string(str(data_dir))}" + (f" {partition_config}" if numbered else "") + slow
+    config: dict[str, object] = {} if data_dir is None else {"data-dir": str(data_dir)}
+    if data_dir is None or numbered:
+        config |= {"partition-id": partition, "num-partitions": num_nodes}
+    if slowdown != 1.0:
+        config["emulated-slowdown"] = float(slowdown)
+    return options_text(config)
 
 
 def supernode_options(*, superlink: str, node_config: str, tls: bool, certificates: Certificates | None,

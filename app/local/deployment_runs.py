@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from app.local.flower_text import run_config_text
+from app.local.flower_text import options_text
 from app.local.flwr_cli import FlwrCli, RunOutcome
 
 CONNECTION = "stamen-local"  # the connection a deployment's flwr-home/config.toml names (flwr's default there)
@@ -39,7 +39,7 @@ class DeploymentRuns:
 
         ``run_config`` is a dict, or ``--run-config`` text.
         """
-        text = run_config if isinstance(run_config, str) else run_config_text(run_config)
+        text = run_config if isinstance(run_config, str) else options_text(run_config)
         return self.cli.submit(app_dir or self.app_dir, text)
 
     def wait(self, run_id: str, *, timeout_s: float = 600) -> RunOutcome:

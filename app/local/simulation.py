@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.local.flower_text import run_config_text
+from app.local.flower_text import options_text
 from app.local.flwr_cli import FINISHED_OK, FlwrCli, RunOutcome, flower_environment
 from app.local.processes import Started, first_exit, free_port, spawn, stop, tail
 
@@ -116,7 +116,7 @@ class LocalSimulation:
         self.start()
         self.superlink.adopt_descendants()  # a SuperExec that was late at the start
         federation = f"num-supernodes={num_supernodes} {extra_federation}".strip()
-        run_id = self.cli.submit(self.app_dir, run_config_text(run_config), ["--federation-config", federation])
+        run_id = self.cli.submit(self.app_dir, options_text(run_config), ["--federation-config", federation])
         self._submitted[run_id] = time.perf_counter()
         return run_id
 
