@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from app.local.credentials import Certificates, NodeKey, make_certificates
+from app.local.credentials import CERT_DAYS, Certificates, NodeKey, make_certificates
 from app.local.deployment_commands import (
     connection_file,
     gate_command,
@@ -81,7 +81,11 @@ class LocalDeployment(DeploymentNodes, DeploymentRuns):
         deployments of the same devices train different partitions' batches; a fixed number
         makes them the same run.
     tls
-        Serve the SuperLink over TLS with a freshly made CA and server certificate.
+        Serve the SuperLink over TLS: a server certificate made at each start, signed by the
+        CA of ``workdir/certificates`` (made there the first time and kept: a restart with the
+        same ``workdir`` renews the server certificate under it).
+    cert_days
+        How long each server certificate is valid (``--cert-days``; a year by default).
     node_auth
         Start the SuperLink with ``--enable-supernode-auth``, give every SuperNode a
         key pair and register its public key before the node starts. Needs ``tls``.
@@ -124,6 +128,7 @@ class LocalDeployment(DeploymentNodes, DeploymentRuns):
         lan_host: str | None = None,
         node_env: Mapping[str, str] | None = None,
         slowed: Mapping[int, float] | None = None,
+        cert_days: int = CERT_DAYS,
     ) -> None:
         # every refusal comes before the temporary workdir below: a refused deployment leaves nothing behind
         if num_nodes < 1:
@@ -134,6 +139,9 @@ class LocalDeployment(DeploymentNodes, DeploymentRuns):
             raise ValueError(problem)
         self.node_data = [Path(folder).resolve() for folder in node_data] if node_data else None
         self.numbered = numbered
+        if cert_days < 1:
+            raise ValueError(f"cert-days must be a whole number of days >= 1, got {cert_days}")
+        self.cert_days = cert_days
         self.app_dir = Path(app_dir).resolve()
         self.num_nodes, self.tls, self.node_auth, self.warm = num_nodes, tls, node_auth, warm
         self.lan_host = lan_host
@@ -174,7 +182,8 @@ class LocalDeployment(DeploymentNodes, DeploymentRuns):
         for folder in (self.home, self.logs):
             folder.mkdir(parents=True, exist_ok=True)
         if self.tls:
-            self.certificates = make_certificates(self.workdir / "certificates", host=self.lan_host or "127.0.0.1")
+            self.certificates = make_certificates(self.workdir / "certificates", host=self.lan_host or "127.0.0.1",
+                                                  days=self.cert_days)  # fmt: skip
         self.superlink, self.port = self._start_server("superlink", self._superlink_command, self.port)
         self.address = f"127.0.0.1:{self.port}"
         self.superlink.adopt_descendants()  # its SuperExec, in a session of its own

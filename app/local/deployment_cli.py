@@ -6,14 +6,17 @@ The module docstring of :mod:`app.local.deployment` shows the commands; this is 
 from __future__ import annotations
 
 import argparse
-import signal
+import time
 from pathlib import Path
 
 from app.config import ConfigError, parse_settings, run_config_from_text
 from app.local import deployment as deployment_module
+from app.local.credentials import CERT_DAYS, certificate_notes
 from app.local.deployment import CONNECTION, LocalDeployment
 from app.local.deployment_commands import tls_problem
 from app.local.flwr_cli import FINISHED_OK
+
+CHECK_S = 24 * 3600  # a served deployment looks at its certificate's expiry once a day
 
 
 def deployment_run_config(text: str, *, results_dir: Path) -> dict[str, object]:
@@ -37,6 +40,15 @@ def deployment_run_config(text: str, *, results_dir: Path) -> dict[str, object]:
     return config
 
 
+def say_certificates(deployment: LocalDeployment, *, warnings_only: bool = False) -> None:
+    """Print the server certificate's and the CA's expiry, and the warning once the server's is near."""
+    if deployment.certificates is None:
+        return
+    for warning, line in certificate_notes(deployment.certificates):
+        if warning or not warnings_only:
+            print(("warning: " if warning else "") + line, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start a local deployment, run the app once (or serve until Ctrl-C), stop everything."""
     description = deployment_module.__doc__.split("\n")[0]
@@ -45,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-data", type=Path, nargs="+", metavar="FOLDER",
                         help="each SuperNode's own data folder (one node per folder; overrides --nodes)")  # fmt: skip
     parser.add_argument("--tls", action="store_true", help="serve over TLS with a generated CA")
+    parser.add_argument("--cert-days", type=int, default=CERT_DAYS, metavar="DAYS",
+                        help=f"with --tls: how long the server certificate is valid (default {CERT_DAYS}); a restart "
+                             "with the same --workdir renews it under the same CA")  # fmt: skip
     parser.add_argument("--auth", action="store_true",
                         help="enable SuperNode authentication (registers each key); needs --tls")  # fmt: skip
     parser.add_argument("--lan-host", metavar="ADDRESS",
@@ -59,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if problem := tls_problem(tls=args.tls, node_auth=args.auth, lan_host=args.lan_host):
         parser.error(problem)  # exits 2 before any file or process exists
+    if args.cert_days < 1:
+        parser.error(f"--cert-days must be a whole number of days >= 1, got {args.cert_days}")
     try:
         config = deployment_run_config(args.run_config, results_dir=Path.cwd() / "results")
     except ConfigError as err:
@@ -68,13 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     num_nodes = len(args.node_data) if args.node_data else args.nodes
     with LocalDeployment(app_dir=app_dir, num_nodes=num_nodes, tls=args.tls, node_auth=args.auth,
                          workdir=args.workdir, node_data=args.node_data, warm=args.warm,
-                         lan_host=args.lan_host) as deployment:  # fmt: skip
+                         lan_host=args.lan_host, cert_days=args.cert_days) as deployment:  # fmt: skip
         print("started:\n  " + "\n  ".join(deployment.commands()))
+        say_certificates(deployment)
         print(f"FLWR_HOME={deployment.home} (connection {CONNECTION!r}); logs in {deployment.logs}")
         if args.serve:
             print(f"submit with:  FLWR_HOME={deployment.home} flwr run {app_dir} {CONNECTION} --stream\nCtrl-C stops.")
             try:
-                signal.pause()
+                while True:  # a served deployment outlives certificates: it says so from WARN_DAYS before
+                    time.sleep(CHECK_S)
+                    say_certificates(deployment, warnings_only=True)
             except KeyboardInterrupt:
                 return 0
         outcome = deployment.run(config, timeout_s=args.timeout)
