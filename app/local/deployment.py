@@ -179,6 +179,7 @@ class LocalDeployment(DeploymentNodes, DeploymentRuns):
 
     def start(self) -> None:
         """Start the SuperLink, register the connection (and node keys), then start every SuperNode."""
+        self.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the SuperLink's database: see docs/deployment.md
         for folder in (self.home, self.logs):
             folder.mkdir(parents=True, exist_ok=True)
         if self.tls:

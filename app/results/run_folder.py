@@ -26,6 +26,9 @@ from strategies.rounds.checkpoint import FILE_NAME, synced_temporary
 SUMMARY = "summary.json"
 REFUSAL_PREFIX = "refused-"  # refused-<timestamp>.json: a refused run's record beside an earlier run's files
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+# one policy for a run's folder (docs/running.md#what-a-run-writes): its owner alone reads the model, the data's class
+# counts and the run config; every file is 0600 (the atomic writes' mkstemp, metrics.jsonl's own open) in a 0700 folder
+RUN_FOLDER_MODE, RUN_FILE_MODE = 0o700, 0o600
 RUN_NAME_RULE = ("a run-name is one folder name under results-dir: no '/' or '\\', not '.' or '..', not blank, "
                  "at most 255 bytes (empty: <strategy>-<dataset>-<timestamp>)")  # fmt: skip
 REFUSAL_SIZE_LIMIT = 1 << 20  # a refused run's summary.json is a few lines; a bigger file is an earlier run's
@@ -101,7 +104,7 @@ def run_directory(results_dir: str, run_name: str, default_name: str) -> Path:
     path, suffix = results / name, 1
     while True:
         try:
-            os.mkdir(path)
+            os.mkdir(path, RUN_FOLDER_MODE)
             return path
         except FileExistsError:  # another run started in the same second
             path, suffix = results / f"{name}-{suffix}", suffix + 1
@@ -202,13 +205,15 @@ def make_run_folder(run_dir: Path) -> None:
     """Create ``run_dir`` where absent; refuse a symbolic link or a file in its place."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     try:
-        os.mkdir(run_dir)
+        os.mkdir(run_dir, RUN_FOLDER_MODE)
     except FileExistsError:
-        mode = run_dir.lstat().st_mode
-        if stat.S_ISLNK(mode) or not stat.S_ISDIR(mode):
-            what = "a symbolic link" if stat.S_ISLNK(mode) else "a file"
+        info = run_dir.lstat()
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+            what = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "a file"
             raise ConfigError(f"the results folder {run_dir} is {what}; stamen writes a run only into a folder of "
                               "its own, never through a link") from None  # fmt: skip
+        if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) != RUN_FOLDER_MODE:
+            os.chmod(run_dir, RUN_FOLDER_MODE)  # a folder made by hand (or before this policy) is closed too
 
 
 def write_refusal(*, run_dir: Path, reason: str, run_config: Mapping[str, object]) -> Path | None:

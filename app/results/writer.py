@@ -26,6 +26,7 @@ from app.results.plots import plot_accuracy, plot_tuning
 from app.results.provenance import data_provenance
 from app.results.run_folder import (
     NOFOLLOW,
+    RUN_FILE_MODE,
     SUMMARY,
     earlier_run_problem,
     json_bytes,
@@ -103,7 +104,7 @@ class ResultWriter:
         if problem := earlier_run_problem(self.run_dir):
             raise ConfigError(problem)
         try:
-            os.close(os.open(self.metrics_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644))
+            os.close(os.open(self.metrics_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, RUN_FILE_MODE))
         except FileExistsError as err:
             raise ConfigError(earlier_run_problem(self.run_dir) or f"{self.metrics_path} exists") from err
         set_refusals_aside(self.run_dir)
@@ -129,7 +130,7 @@ class ResultWriter:
         """Append the round's line with one write, never through a symbolic link."""
         line = (json.dumps(jsonable(record)) + "\n").encode()
         self.rounds.append(record)
-        handle = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o644)
+        handle = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, RUN_FILE_MODE)
         try:
             written = 0
             while written < len(line):
