@@ -49,7 +49,16 @@ GATE_REFUSES = "stamen fleet gate: POST {} is not part of Flower's Fleet API"
     (["--auth"], "error: --auth needs --tls: flower-superlink refuses --enable-supernode-auth without TLS "
                  "certificates; add --tls"),
     (["--lan-host", "127.0.0.2"], "error: --lan-host needs --tls: the Fleet gate serves the SuperLink's TLS "
-                                  "certificate to the devices; add --tls"),
+                                  "certificate to the devices; add --tls; --lan-host needs --auth: the Fleet gate "
+                                  "passes no node registration, so only devices whose keys are registered on the "
+                                  "server may join; add --auth"),
+    (["--lan-host", "127.0.0.2", "--auth"], "error: --auth needs --tls: flower-superlink refuses "
+                                            "--enable-supernode-auth without TLS certificates; --lan-host needs "
+                                            "--tls: the Fleet gate serves the SuperLink's TLS certificate to the "
+                                            "devices; add --tls"),
+    (["--lan-host", "127.0.0.2", "--tls"], "error: --lan-host needs --auth: the Fleet gate passes no node "
+                                           "registration, so only devices whose keys are registered on the server "
+                                           "may join; add --auth"),
 ])  # fmt: skip
 def test_auth_or_the_lan_recipe_without_tls_is_refused_before_anything_exists(tmp_path, flags, message):
     workdir = tmp_path / "deployment"
@@ -62,7 +71,7 @@ def test_auth_or_the_lan_recipe_without_tls_is_refused_before_anything_exists(tm
 
 @pytest.mark.parametrize("options", [{"node_auth": True}, {"lan_host": "127.0.0.2"}])
 def test_a_deployment_asked_for_auth_or_the_lan_recipe_without_tls_refuses_to_be_made(tmp_path, options):
-    with pytest.raises(ValueError, match=r"needs --tls: .*; add --tls$"):
+    with pytest.raises(ValueError, match=r"needs --tls: .*; add --tls"):
         LocalDeployment(app_dir=REPO, num_nodes=1, workdir=tmp_path / "deployment", **options)
 
 

@@ -26,11 +26,11 @@ from pathlib import Path
 from app.local.credentials import CERT_DAYS, Certificates, NodeKey, make_certificates
 from app.local.deployment_commands import (
     connection_file,
+    deployment_problem,
     gate_command,
     node_config,
     superlink_command,
     supernode_options,
-    tls_problem,
     url_host,
 )
 from app.local.deployment_nodes import DeploymentNodes
@@ -135,7 +135,7 @@ class LocalDeployment(DeploymentNodes, DeploymentRuns):
             raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
         if node_data is not None and len(node_data) != num_nodes:
             raise ValueError(f"node_data names {len(node_data)} folders for {num_nodes} nodes")
-        if problem := tls_problem(tls=tls, node_auth=node_auth, lan_host=lan_host):
+        if problem := deployment_problem(tls=tls, node_auth=node_auth, lan_host=lan_host):
             raise ValueError(problem)
         self.node_data = [Path(folder).resolve() for folder in node_data] if node_data else None
         self.numbered = numbered

@@ -13,7 +13,7 @@ from app.config import ConfigError, parse_settings, run_config_from_text
 from app.local import deployment as deployment_module
 from app.local.credentials import CERT_DAYS, certificate_notes
 from app.local.deployment import CONNECTION, LocalDeployment
-from app.local.deployment_commands import tls_problem
+from app.local.deployment_commands import deployment_problem
 from app.local.flwr_cli import FINISHED_OK
 
 CHECK_S = 24 * 3600  # a served deployment looks at its certificate's expiry once a day
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve", action="store_true", help="keep the deployment up until Ctrl-C instead of running")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the run (default 3600)")
     args = parser.parse_args(argv)
-    if problem := tls_problem(tls=args.tls, node_auth=args.auth, lan_host=args.lan_host):
+    if problem := deployment_problem(tls=args.tls, node_auth=args.auth, lan_host=args.lan_host):
         parser.error(problem)  # exits 2 before any file or process exists
     if args.cert_days < 1:
         parser.error(f"--cert-days must be a whole number of days >= 1, got {args.cert_days}")

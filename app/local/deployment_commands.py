@@ -19,12 +19,17 @@ TLS_NEEDED = {
 }
 
 
-def tls_problem(*, tls: bool, node_auth: bool, lan_host: str | None) -> str | None:
-    """Why these options cannot run without TLS (naming the flags and the fix), or None."""
-    if tls:
-        return None
-    wanted = [flag for flag, on in (("--auth", node_auth), ("--lan-host", lan_host)) if on]
-    return "; ".join(TLS_NEEDED[flag] for flag in wanted) + "; add --tls" if wanted else None
+AUTH_NEEDED = ("--lan-host needs --auth: the Fleet gate passes no node registration, so only devices whose keys are "
+               "registered on the server may join; add --auth")  # fmt: skip
+
+
+def deployment_problem(*, tls: bool, node_auth: bool, lan_host: str | None) -> str | None:
+    """Why these options cannot make a deployment (naming the flags and the fix), or None."""
+    wanted = [] if tls else [flag for flag, on in (("--auth", node_auth), ("--lan-host", lan_host)) if on]
+    problems = ["; ".join(TLS_NEEDED[flag] for flag in wanted) + "; add --tls"] if wanted else []
+    if lan_host and not node_auth:
+        problems.append(AUTH_NEEDED)
+    return "; ".join(problems) or None
 
 
 def url_host(host: str) -> str:
