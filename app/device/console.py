@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,13 +43,19 @@ from app.local.processes import free_port
 
 TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"  # flwr/supercore/superexec/run_superexec.py reads it
 TASK_POLL = 0.2  # seconds: bench/edge_rounds.py (docs/deployment.md#what-a-round-costs)
-RESERVED = ("--isolation", "--port", "--host")  # the device sets these for the SuperNode-SuperExec link
+# the device sets these for the SuperNode-SuperExec link
+RESERVED = ("--isolation", "--port", "--host", "--superexec-auth-secret-file")
 # app.device.warm_exec in a clone, stamen.app.device.warm_exec installed: the package this module was imported from
 WARM_EXEC = f"{__package__}.warm_exec"
 
 
-def commands(supernode_args: list[str], *, port: int, parent_pid: int, cold: bool = False) -> list[list[str]]:
+def commands(supernode_args: list[str], *, port: int, parent_pid: int, cold: bool = False,
+             secret_file: Path | None = None) -> list[list[str]]:  # fmt: skip
     """The processes a device runs: the SuperNode, and (unless ``cold``) the warm SuperExec beside it.
+
+    Both get ``secret_file`` (``--superexec-auth-secret-file``): Flower then signs every
+    call between them, so another account on the device cannot pose as the SuperExec and
+    take the node's tasks (the global model, the right to answer as the node).
 
     Raises
     ------
@@ -64,7 +73,17 @@ def commands(supernode_args: list[str], *, port: int, parent_pid: int, cold: boo
     node = ["flower-supernode", *supernode_args, "--isolation", "process", "--host", "127.0.0.1", "--port", str(port)]
     executor = [sys.executable, "-m", WARM_EXEC, "--insecure", "--runtime-api-address", f"127.0.0.1:{port}",
                 "--parent-pid", str(parent_pid)]  # fmt: skip
-    return [node, executor]
+    secret = ["--superexec-auth-secret-file", str(secret_file)] if secret_file is not None else []
+    return [node + secret, executor + secret]
+
+
+def make_secret(folder: Path) -> Path:
+    """A fresh random SuperExec secret, 32 bytes in a 0600 file in ``folder`` (a 0700 folder of this start's)."""
+    path = folder / "superexec.secret"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(secrets.token_bytes(32))
+    return path
 
 
 def device_environment(environ: dict[str, str], task_poll: float) -> dict[str, str]:
@@ -90,14 +109,21 @@ def main(argv: list[str] | None = None, *, prog: str = "") -> int:
     args, supernode_args = parser.parse_known_args(argv)
     # No Flower import here (2 CPU-s on this machine): app.device.warm_exec checks the installed Flower itself and runs
     # Flower's own flower-superexec, with one warning, when the warm path cannot work.
+    private = Path(tempfile.mkdtemp(prefix="stamen-device-"))  # 0700: this start's secret, gone when it stops
     try:
         to_start = commands(supernode_args, port=args.runtime_port or free_port(), parent_pid=os.getpid(),
-                            cold=args.cold)  # fmt: skip
+                            cold=args.cold, secret_file=None if args.cold else make_secret(private))  # fmt: skip
+        return _run(to_start, args.task_poll, parser)
     except ValueError as err:
         parser.error(str(err))
-    if not 0.01 <= args.task_poll <= 60:
-        parser.error(f"--task-poll: {args.task_poll:g} s is outside Flower's 0.01-60 s")
-    environment = device_environment(dict(os.environ), args.task_poll)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _run(to_start: list[list[str]], task_poll: float, parser: argparse.ArgumentParser) -> int:
+    if not 0.01 <= task_poll <= 60:
+        parser.error(f"--task-poll: {task_poll:g} s is outside Flower's 0.01-60 s")
+    environment = device_environment(dict(os.environ), task_poll)
     print("stamen device: " + "\n  ".join(" ".join(c) for c in to_start), file=sys.stderr, flush=True)
     processes = [subprocess.Popen(command, env=environment, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
                  for command in to_start]  # fmt: skip

@@ -213,3 +213,19 @@ class ForkServer:
             return None
         log(f"app {folder.name} warm ({time.process_time() - started:.2f} CPU-s)")
         return str(folder)
+
+
+def run_one_task() -> int:
+    """``python -m app.device.fork_server``: one ClientApp task whose spec (JSON) comes on stdin, never in argv.
+
+    The warm executor's fallback when its fork server is gone: Flower's own executor would
+    pass the task's token on ``flwr-clientapp``'s command line, where every local account
+    can read it (``ps``); this reads it from a pipe instead.
+    """
+    import json
+
+    return _run_task(json.loads(sys.stdin.read()), None, None)
+
+
+if __name__ == "__main__":
+    sys.exit(run_one_task())

@@ -33,7 +33,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import json
 import os
+import subprocess
 import sys
 
 from app.device.fork_server import ForkServer, log
@@ -41,6 +43,7 @@ from app.device.fork_server import ForkServer, log
 # What the warm path takes from Flower's internals; warm_path_problem() checks every item.
 RUN_CLIENTAPP_PARAMETERS = ("runtime_api_address", "token", "insecure", "certificates", "parent_pid",
                             "runtime_dependency_install")
+FORK_SERVER = f"{__package__}.fork_server"  # run as a module: one task whose spec comes on stdin
 SPEC_FIELDS = ("task_type", "runtime_api_address", "token", "insecure", "root_certificates_path", "parent_pid",
                "suppress_output", "task_id", "fab_hash", "runtime_dependency_install")  # fmt: skip
 
@@ -105,10 +108,17 @@ def warm_executor_class():
         def launch(self, spec: ExecutionSpec) -> LaunchResult:
             if spec.task_type != TaskType.CLIENT_APP:
                 return super().launch(spec)
-            if self.server.submit({name: getattr(spec, name) for name in SPEC_FIELDS if name != "task_type"}):
+            fields = {name: getattr(spec, name) for name in SPEC_FIELDS if name != "task_type"}
+            if self.server.submit(fields):
                 return LaunchResult.accepted()
-            log(f"the fork server is gone; task {spec.task_id} runs in Flower's own flwr-clientapp process")
-            return super().launch(spec)
+            log(f"the fork server is gone; task {spec.task_id} runs in a fresh process")
+            # not Flower's flwr-clientapp: it takes the task's token on its command line, readable by every account
+            quiet = subprocess.DEVNULL if spec.suppress_output else None
+            child = subprocess.Popen([sys.executable, "-m", FORK_SERVER], stdin=subprocess.PIPE, stdout=quiet,
+                                     stderr=quiet)  # fmt: skip
+            child.stdin.write(json.dumps(fields).encode())
+            child.stdin.close()
+            return LaunchResult.accepted()
 
         def close(self) -> None:
             self.server.close()
