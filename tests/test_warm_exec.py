@@ -186,3 +186,37 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_without_its_fork_server_a_task_runs_in_a_fresh_process_that_reads_its_token_from_a_pipe(monkeypatch):
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.superexec.executor.types import ExecutionSpec
+
+    started = []
+
+    class Recorded:  # a Popen that records its command line and what it was sent
+        def __init__(self, args, **kwargs):
+            self.args, self.sent = args, b""
+            self.stdin = self
+            started.append(self)
+
+        def write(self, data):
+            self.sent += data
+
+        def close(self):
+            pass
+
+    class GoneServer:
+        def submit(self, spec):
+            return False
+
+    monkeypatch.setattr(warm_exec.subprocess, "Popen", Recorded)
+    fields = {name: None for name in warm_exec.SPEC_FIELDS}
+    spec = ExecutionSpec(**{**fields, "task_type": TaskType.CLIENT_APP, "token": "s3cret-token", "insecure": True,
+                            "runtime_api_address": "127.0.0.1:5", "suppress_output": False, "task_id": 7,
+                            "runtime_dependency_install": False})  # fmt: skip
+    warm_exec.warm_executor_class()(GoneServer()).launch(spec)
+    (child,) = started
+    assert child.args == [sys.executable, "-m", warm_exec.FORK_SERVER]
+    assert "s3cret-token" not in " ".join(child.args)
+    assert json.loads(child.sent)["token"] == "s3cret-token"
