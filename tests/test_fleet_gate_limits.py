@@ -123,6 +123,7 @@ def served_gate(tmp_path_factory):
 
     certs = make_certificates(tmp_path_factory.mktemp("served-gate"))
     reached: list[tuple[str, str, int]] = []
+    forwarded: list[bytes | None] = []  # the x-forwarded-for each request reached the SuperLink with
 
     async def superlink(scope, receive, send):
         if scope["type"] != "http":
@@ -134,6 +135,7 @@ def served_gate(tmp_path_factory):
             if not message.get("more_body"):
                 break
         reached.append((scope["method"], scope["path"], len(body)))
+        forwarded.append(dict(scope["headers"]).get(b"x-forwarded-for"))
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
@@ -158,7 +160,7 @@ def served_gate(tmp_path_factory):
             assert time.monotonic() < deadline and gate.poll() is None, "the gate did not start"
             time.sleep(0.2)
     context = ssl.create_default_context(cafile=str(certs.ca_cert))
-    yield client, gate_port, context, reached
+    yield client, gate_port, context, reached, forwarded
     client.close()
     gate.terminate()
     try:
@@ -176,7 +178,7 @@ def _tls_socket(port: int, context: ssl.SSLContext) -> ssl.SSLSocket:
 
 
 def test_a_device_is_served_while_a_hundred_uploads_trickle_in(served_gate):
-    client, port, context, reached = served_gate
+    client, port, context, reached, _ = served_gate
     head = b"POST /v1/fleet/push-object HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n"
     tricklers = []
     for _ in range(100):
@@ -194,7 +196,7 @@ def test_a_device_is_served_while_a_hundred_uploads_trickle_in(served_gate):
 
 
 def test_a_request_head_that_trickles_is_dropped(served_gate):
-    _, port, context, _ = served_gate
+    _, port, context, _, _ = served_gate
     sock = _tls_socket(port, context)
     sock.sendall(b"POST /v1/fleet/get-run HTTP/1.1\r\nHo")
     started = time.monotonic()
@@ -206,7 +208,7 @@ def test_a_request_head_that_trickles_is_dropped(served_gate):
 @pytest.mark.parametrize("target", ["/v1/fleet/../control/list-runs", "/v1/fleet/%2e%2e/control/list-runs",
                                     "//v1/fleet/get-run", "/v1/fleet/get-run;x"])  # fmt: skip
 def test_a_raw_path_with_dot_segments_is_refused_as_sent(served_gate, target):
-    _, port, context, reached = served_gate
+    _, port, context, reached, _ = served_gate
     before = len(reached)
     sock = _tls_socket(port, context)
     sock.sendall(f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx".encode())
@@ -216,3 +218,16 @@ def test_a_raw_path_with_dot_segments_is_refused_as_sent(served_gate, target):
     sock.close()
     assert answer.startswith(b"HTTP/1.1 403"), answer[:80]
     assert len(reached) == before
+
+
+def test_a_forged_forwarding_header_from_a_trusted_address_names_no_one(served_gate):
+    # uvicorn believes X-Forwarded-For from 127.0.0.1 unless told not to: the gate must not, being the edge
+    _, port, context, _, forwarded = served_gate
+    sock = _tls_socket(port, context)
+    sock.sendall(b"POST /v1/fleet/get-run HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 203.0.113.66\r\n"
+                 b"Content-Length: 1\r\n\r\nx")  # fmt: skip
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += sock.recv(4096)
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 200") and forwarded[-1] == b"127.0.0.1"

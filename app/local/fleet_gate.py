@@ -272,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     gate = FleetGate(upstream=args.superlink, ca_cert=args.ssl_ca_certfile, limits=limits)
     uvicorn.run(gate, host=host, port=port, ssl_certfile=str(args.ssl_certfile), ssl_keyfile=str(args.ssl_keyfile),
                 http=timed_protocol(limits.body_idle_s), limit_concurrency=limits.connections, timeout_keep_alive=5,
-                access_log=False, server_header=False, timeout_graceful_shutdown=5, log_level="info")  # fmt: skip
+                access_log=False, server_header=False, timeout_graceful_shutdown=5, log_level="info",
+                proxy_headers=False)  # the gate is the edge: a client's forwarding headers name no one  # fmt: skip
     return 0
 
 
