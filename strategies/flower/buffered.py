@@ -30,7 +30,7 @@ from strategies.base import FederatedStrategy
 from strategies.flower.messages import instruction_messages
 from strategies.nodes.failures import NodeFailureError
 from strategies.nodes.preflight import connected
-from strategies.rounds.pacing.pacer import work_steps
+from strategies.rounds.pacing.pacer import job_work
 from strategies.rounds.pacing.schedule import Job
 from strategies.rounds.pacing.staleness import staleness_weight
 from strategies.screening.replies import Received
@@ -116,9 +116,8 @@ class BufferedPlay:
         config = {**self.method.fit_config(version + 1), "server-round": self.slots.jobs + 1}  # seeds the job's batches
         instruction = self.phases._instruction(node, partition, "fit", config)
         sent = list(self.method.parameters_for(partition, "fit"))
-        size = sum(len(t) for t in instruction.tensors)
-        job = self.slots.start(partition, version, steps=work_steps(config, self.method.nodes.declared(node).num_train),
-                               bytes_down=size, bytes_up=size, sent=sent)  # fmt: skip
+        steps, size = job_work(config, instruction.tensors, self.method.nodes.declared(node).num_train)
+        job = self.slots.start(partition, version, steps=steps, bytes_down=size, bytes_up=size, sent=sent)
         if job.leaves:  # on the virtual clock: the device goes off before it finishes; its work would be lost
             return
         message = instruction_messages([instruction], dict(self.train_config), kind=MessageType.TRAIN,

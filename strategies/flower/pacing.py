@@ -14,7 +14,7 @@ from flwr.app import Message
 
 from strategies.nodes.directory import NodeDirectory
 from strategies.rounds.pacing.fleet_model import JobTiming
-from strategies.rounds.pacing.pacer import Pacer, work_steps
+from strategies.rounds.pacing.pacer import Pacer, job_work
 from strategies.rounds.phases import Instruction
 
 
@@ -23,8 +23,8 @@ def timed_instructions(pacer: Pacer, nodes: NodeDirectory, instructions: list[In
     """The instructions to send and, on the virtual clock, every sampled device's job times (by partition)."""
     if not pacer.virtual or not instructions:
         return instructions, {}
-    jobs = {nodes.partition_of(ins.node): (work_steps(ins.config, nodes.declared(ins.node).num_train),
-                                           sum(len(t) for t in ins.tensors)) for ins in instructions}  # fmt: skip
+    jobs = {nodes.partition_of(ins.node): job_work(ins.config, ins.tensors, nodes.declared(ins.node).num_train)
+            for ins in instructions}  # fmt: skip
     timings = pacer.time_jobs(jobs)
     kept = [ins for ins in instructions if timings[nodes.partition_of(ins.node)].left_at is None]
     if pacer.counts_departures:

@@ -30,6 +30,11 @@ def work_steps(config: Mapping[str, object], num_train: int | None) -> int:
     return max(1, int(config.get("local-steps", 1) or 1))
 
 
+def job_work(config: Mapping[str, object], tensors: list[bytes], num_train: int | None) -> tuple[int, int]:
+    """A fit job's local steps and the bytes its model moves each way (the reply is the size of the instruction)."""
+    return work_steps(config, num_train), sum(len(t) for t in tensors)
+
+
 def data_order(train_classes: Mapping[int, Mapping[int, int] | None]) -> list[int]:
     """Partitions by the mean class label of their training data, highest first (``fleet-speed-tie = "data"``).
 
