@@ -288,7 +288,7 @@ def distance(first: list[np.ndarray], second: list[np.ndarray]) -> float:
     return float(np.sqrt(sum(float(np.sum((a - b) ** 2.0)) for a, b in zip(first, second, strict=True))))
 
 
-@pytest.mark.parametrize("rule", ["median", "trimmed-mean", "krum", "multi-krum"])
+@pytest.mark.parametrize("rule", ["median", "trimmed-mean", "krum", "multi-krum", "centered-clip"])
 def test_a_robust_rule_keeps_a_hundredfold_attacker_from_moving_the_model(rule):
     def scaled(sets, sent, num, metrics):
         return {**sets, "model": [s + 100 * (a - s) for a, s in zip(sets["model"], sent, strict=True)]}, num, metrics

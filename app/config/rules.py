@@ -172,6 +172,18 @@ def aggregation_fits_the_method(settings: Settings, contracts: Mapping[str, Cont
                           f"{' or '.join(repr(a) for a in AVERAGES)}")  # fmt: skip
 
 
+def robust_keys_need_their_rule(settings: Settings, contracts: Mapping[str, Contract]) -> None:
+    """``bucket-size`` only with a robust rule (buckets change no mean), ``clip-radius`` only with centered-clip."""
+    run = settings.run
+    if run.bucket_size > 1 and run.aggregation not in ROBUST:
+        raise ConfigError(f"run config key 'bucket-size': {run.bucket_size} buckets the replies for a robust rule; "
+                          f"aggregation = {run.aggregation!r} averages them all anyway: set aggregation to one of "
+                          f"{', '.join(ROBUST)}, or bucket-size = 1")  # fmt: skip
+    if run.clip_radius > 0 and run.aggregation != "centered-clip":
+        raise ConfigError(f"run config key 'clip-radius': it sets centered-clip's radius, and aggregation is "
+                          f"{run.aggregation!r}: set aggregation = \"centered-clip\", or drop the key")  # fmt: skip
+
+
 def server_model_keys_need_one(settings: Settings, contracts: Mapping[str, Contract]) -> None:
     """A method whose model never travels (``WholeModel``) refuses the keys that need a model on the server.
 
@@ -255,6 +267,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("<tuner>-step", "strategy"), tuner_step_is_the_methods),
     Rule(("<tuner>-*-min", "<tuner>-*-max", "model", "the keys tuned"), tuner_bounds_fit_the_keys),
     Rule(("aggregation", "strategy"), aggregation_fits_the_method),
+    Rule(("bucket-size", "clip-radius", "aggregation"), robust_keys_need_their_rule),
     Rule(("checkpoint-every", "resume-from", "strategy"), server_model_keys_need_one),
     Rule(("central-eval", "validation-fraction"), central_eval_reads_no_held_out_test),
     Rule(("central-eval", "strategy"), central_eval_has_a_whole_model),

@@ -205,3 +205,77 @@ def _squared_distances(vectors: list[np.ndarray]) -> np.ndarray:
                 distances[i, j] = distances[j, i] = np.dot(diff, diff)
     distances[~np.isfinite(distances)] = np.inf
     return distances
+
+
+def centered_clip(models: list[Model], center: Model, *, radius: float, iterations: int = 1) -> Model:
+    """Centered clipping: from ``center``, the mean of every model's step clipped to ``radius``, ``iterations`` times.
+
+    Karimireddy, He and Jaggi, "Learning from History for Byzantine Robust Optimization",
+    ICML 2021: ``v <- v + (1/n) sum_i (x_i - v) min(1, radius / ||x_i - v||)``, starting at
+    the previous aggregate (here the global model the replies started from). An attacker
+    moves the result at most ``radius / n`` per iteration, however far it sends its model.
+
+    Parameters
+    ----------
+    models
+        One list of arrays per client; the floating layers are clipped as one vector.
+    center
+        Where the clipping starts, layer by layer alike in shape.
+    radius
+        The clipping radius ``tau`` (> 0); ``0``: the median of the distances ``||x_i - center||``
+        (a radius that leaves half the replies whole, whatever the models' scale).
+    iterations
+        ``L`` in the paper (>= 1); one is what it runs with server momentum.
+
+    Returns
+    -------
+    list[numpy.ndarray]
+        Floating layers in their dtype; non-floating layers the element-wise maximum.
+
+    """
+    _check_models(models)
+    if radius < 0 or iterations < 1:
+        raise ValueError(f"centered clipping needs radius >= 0 and iterations >= 1, got {radius}, {iterations}")
+    floating = [i for i in _floating_layers(models) if np.issubdtype(_layer_dtype([m[i] for m in models]), np.floating)]
+    shapes = [np.shape(center[i]) for i in floating]
+    vectors = np.stack([np.concatenate([np.asarray(m[i], dtype=np.float64).ravel() for i in floating]) for m in models])
+    v = np.concatenate([np.asarray(center[i], dtype=np.float64).ravel() for i in floating])
+    with np.errstate(over="ignore", invalid="ignore"):
+        for _ in range(iterations):
+            steps = vectors - v
+            norms = np.sqrt(np.einsum("ij,ij->i", steps, steps))
+            tau = float(np.median(norms[np.isfinite(norms)])) if radius == 0 else radius
+            scale = np.where(norms > tau, tau / np.where(norms > 0, norms, 1.0), 1.0)
+            scale[~np.isfinite(norms)] = 0.0  # a non-finite model moves nothing
+            v = v + (np.nan_to_num(steps, nan=0.0, posinf=0.0, neginf=0.0) * scale[:, None]).mean(axis=0)
+    result, start = _per_layer(models, lambda stacked: stacked[0]), 0
+    for i, shape in zip(floating, shapes, strict=True):
+        size = int(np.prod(shape))
+        result[i] = v[start : start + size].reshape(shape).astype(result[i].dtype)
+        start += size
+    return result
+
+
+def bucket_means(models: list[Model], weights: list[float], *, size: int,
+                 rng: np.random.Generator) -> tuple[list[Model], list[float]]:  # fmt: skip
+    """Bucketing: the models in a random order, averaged ``size`` at a time; the bucket means and their weights.
+
+    Karimireddy, He and Jaggi, "Byzantine-Robust Learning on Heterogeneous Datasets via
+    Bucketing", ICLR 2022: a robust rule applied to the means of ``ceil(n / size)`` random
+    buckets instead of the ``n`` models, which shrinks the honest models' spread (what
+    median and Krum mistake for an attack under heterogeneous data) by about ``sqrt(size)``.
+    Each bucket's mean is weighted by ``weights`` within it, and the bucket weighs their sum.
+    """
+    _check_models(models)
+    if size < 1:
+        raise ValueError(f"bucket size must be >= 1, got {size}")
+    order = rng.permutation(len(models))
+    buckets, bucket_weights = [], []
+    for start in range(0, len(models), size):
+        members = [int(i) for i in order[start : start + size]]
+        total = sum(weights[i] for i in members)
+        shares = [weights[i] / total if total > 0 else 1.0 / len(members) for i in members]
+        buckets.append(_per_layer([models[i] for i in members],
+                                  lambda stacked, shares=shares: np.tensordot(shares, stacked, axes=1)))  # fmt: skip
+        bucket_weights.append(total)
+    return buckets, bucket_weights

@@ -71,6 +71,10 @@ def aggregate(
     trim_fraction: float = 0.1,
     attackers: int = 1,
     float_layers: Sequence[bool] | None = None,
+    bucket_size: int = 1,
+    rng: np.random.Generator | None = None,
+    center: list[np.ndarray] | None = None,
+    clip_radius: float = 0.0,
 ) -> list[np.ndarray]:
     """The round's combination of ``models`` under ``rule`` (the run config's ``aggregation``).
 
@@ -81,17 +85,26 @@ def aggregate(
     ``multi-krum`` averages (by ``weights``) the ``n - f`` best by that score (Blanchard
     et al., NeurIPS 2017), ``f`` being ``attackers``. Krum needs ``n >= 2f + 3`` replies:
     a round with fewer assumes as many attackers as it can (logged), and with fewer than
-    3 replies takes the median. Non-float layers (``float_layers``) take the
-    element-wise maximum under every rule.
+    3 replies takes the median. ``centered-clip`` starts at ``center`` (the model the replies
+    started from; the coordinate median where none is given) and adds the mean of every
+    model's step clipped to ``clip_radius`` (0: the median step; Karimireddy et al., ICML
+    2021). With ``bucket_size`` > 1 a robust rule combines the means of random buckets of that
+    many models (``rng`` draws them; Karimireddy et al., ICLR 2022). Non-float layers
+    (``float_layers``) take the element-wise maximum under every rule.
     """
     if rule in AVERAGES:
         return weighted_average_inplace(models, weights, float_layers=float_layers)
+    if rule not in ROBUST:
+        raise ValueError(f"aggregation {rule!r} is not one of {AVERAGES + ROBUST}")
+    if bucket_size > 1 and len(models) > 1:
+        models, weights = robust.bucket_means(models, weights, size=bucket_size, rng=rng or np.random.default_rng(0))
     if rule == "median":
         return robust.coordinate_median(models)
     if rule == "trimmed-mean":
         return robust.trimmed_mean(models, trim_fraction=trim_fraction)
-    if rule not in ROBUST:
-        raise ValueError(f"aggregation {rule!r} is not one of {AVERAGES + ROBUST}")
+    if rule == "centered-clip":
+        return robust.centered_clip(models, center if center is not None else robust.coordinate_median(models),
+                                    radius=clip_radius)  # fmt: skip
     if len(models) < 3:
         return robust.coordinate_median(models)
     feasible = min(attackers, (len(models) - 3) // 2)

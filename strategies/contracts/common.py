@@ -28,9 +28,9 @@ from datasets import (
 from strategies.contracts.keys import ConfigError, KeyedSettings, key
 
 # the weighted means, then rules a few outsized replies cannot move far (strategies/aggregation/rules.py; Yin et al.,
-# ICML 2018; Blanchard et al., NeurIPS 2017)
+# ICML 2018; Blanchard et al., NeurIPS 2017; Karimireddy et al., ICML 2021)
 AVERAGES = ("examples", "uniform")
-ROBUST = ("median", "trimmed-mean", "krum", "multi-krum")
+ROBUST = ("median", "trimmed-mean", "krum", "multi-krum", "centered-clip")
 AGGREGATIONS = AVERAGES + ROBUST
 REGRESSION_DATASETS = ("least-squares",)  # real targets: the models whose task is regression
 DEVICES = ("auto", "cpu", "cuda")
@@ -75,7 +75,12 @@ class RunSettings(KeyedSettings):
                                   "exceeds this multiple of the round's median (0 = never; needs 3 replies)",
                                   at_least=0)  # fmt: skip
     aggregation: str = key("uniform", "uniform (the Per-FedAvg paper) or examples (weigh models by example count); "
-                           "robust: median, trimmed-mean, krum, multi-krum", choices=AGGREGATIONS)  # fmt: skip
+                           "robust: median, trimmed-mean, krum, multi-krum, centered-clip",
+                           choices=AGGREGATIONS)  # fmt: skip
+    bucket_size: int = key(1, "with a robust aggregation: combine the means of random buckets of this many replies "
+                           "(1 = none; bucketing, Karimireddy et al. 2022)", at_least=1, at_most=1_000_000)  # fmt: skip
+    clip_radius: float = key(0.0, "centered-clip: the radius each reply's step from the global model is clipped to "
+                             "(0 = the round's median step)", at_least=0)  # fmt: skip
     trim_fraction: float = key(0.1, "trimmed-mean: the share of the largest and of the smallest values dropped at "
                                "every coordinate", at_least=0, below=0.5)  # fmt: skip
     krum_attackers: int = key(1, "krum, multi-krum: the attackers f assumed among a round's replies (needs 2f + 3 "

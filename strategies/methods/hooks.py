@@ -108,18 +108,24 @@ class FedAvgHooks:
         """
         if not replies:
             return None, {}
-        return self.average([reply.arrays for reply in replies], replies), {}
+        return self.average([reply.arrays for reply in replies], replies, server_round=server_round,
+                            center=self.global_shared), {}  # fmt: skip
 
-    def average(self, arrays: list[list[np.ndarray]], replies: list[Reply]) -> list[np.ndarray]:
+    def average(self, arrays: list[list[np.ndarray]], replies: list[Reply], *, server_round: int,
+                center: list[np.ndarray] | None = None) -> list[np.ndarray]:  # fmt: skip
         """The round's ``aggregation`` of ``arrays`` (one list per reply, in ``replies``' order; may be overwritten).
 
         A method that averages more than the models (SCAFFOLD's control variates) averages
         them through this too, so that every average it keeps is of the same kind.
+        ``center`` is where ``centered-clip`` starts (the global model the replies began
+        from); ``server_round`` seeds the buckets of ``bucket-size``.
         """
         run = self.settings.run
         return aggregate(arrays, self.averaging_weights(replies), rule=run.aggregation,
                          trim_fraction=run.trim_fraction, attackers=run.krum_attackers,
-                         float_layers=self.float_layers)  # fmt: skip
+                         float_layers=self.float_layers, bucket_size=run.bucket_size, center=center,
+                         clip_radius=run.clip_radius,
+                         rng=np.random.default_rng([run.seed, server_round, 74]))  # fmt: skip
 
     def averaging_weights(self, replies: list[Reply]) -> list[float]:
         """Each reply's weight in the round's average (``aggregation``): its example count, or 1 for every reply.

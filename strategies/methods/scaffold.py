@@ -51,7 +51,8 @@ class ScaffoldServer(FederatedStrategy):
             mean = [np.average(np.asarray(layer, dtype=np.float64), axis=0, weights=weights)
                     for layer in zip(*deltas, strict=True)]  # fmt: skip
         else:  # a robust rule: the corrections are combined as robustly as the models they correct
-            mean = self.average([[np.array(d, copy=True) for d in delta] for delta in deltas], replies)
+            mean = self.average([[np.array(d, copy=True) for d in delta] for delta in deltas], replies,
+                                server_round=server_round, center=[np.zeros_like(d) for d in deltas[0]])
         # c keeps the model's dtypes (a BatchNorm counter's stays an integer): replies are screened against them
         self.control = [(c + share * np.asarray(m).astype(c.dtype)).astype(c.dtype, copy=False)
                         for c, m in zip(self.control, mean, strict=True)]  # fmt: skip
