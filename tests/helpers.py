@@ -17,6 +17,7 @@ import torch
 from conftest import REPO, FakeFleet, FakeNode, settings
 from torch.nn import functional as F
 
+from app.registry import METHODS
 from clients.base import TorchClient
 from clients.diffusion import DiffusionClient
 from clients.models import build_model
@@ -384,3 +385,68 @@ def message_run(config: dict, *, grid=None, strategy_class=None) -> object:
     strategy = (strategy_class or message_strategy(config["strategy"]))(run_config=config)
     strategy.start(grid=grid or InProcessGrid(run_config=config, num_clients=CLIENTS))
     return strategy
+
+
+# ------------------------------------------------------------------ a finished run's folder, as a run leaves it
+
+FINISHED_CLIENTS = 4
+FINISHED_ROUNDS = 2
+# FATHOM: its tuner adds state of its own to every checkpoint, so a fuzz of it has more to break
+FINISHED_CONFIG = {**METHODS["fathom"].contract.example, "num-server-rounds": FINISHED_ROUNDS, "checkpoint-every": 1}
+
+
+def finished_run(results_dir: Path, name: str) -> Path:
+    """``<results_dir>/<name>``, as a finished two-round FATHOM run with checkpoints leaves it."""
+    from app.config import parse_settings
+    from app.local.inprocess import InProcessRun
+    from app.results.writer import ResultWriter
+
+    config = {**FINISHED_CONFIG, "results-dir": str(results_dir), "run-name": name}
+    run_dir = results_dir / name
+    writer = ResultWriter(run_dir=run_dir, settings=parse_settings(config).as_run_config())
+    run = InProcessRun(run_config=config, num_clients=FINISHED_CLIENTS, recorder=writer)
+    for _ in range(FINISHED_ROUNDS):
+        run.step()
+        run.evaluate()
+        run.strategy.end_round(run.round)
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    return run_dir
+
+
+# ------------------------------------------------------------------ the Fleet gate, in this process
+
+
+def can_bind(host: str) -> bool:
+    """Whether ``host`` is an address of this machine (Linux has all of 127.0.0.0/8)."""
+    import socket
+
+    try:
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+    except OSError:
+        return False
+    return True
+
+
+def through_gate(ca_cert: Path, method: str, path: str, **kwargs) -> tuple:
+    """One request to a FleetGate whose SuperLink is a stand-in that records what reaches it: response, requests."""
+    import asyncio
+
+    import httpx
+
+    from app.local.fleet_gate import FleetGate
+
+    reached: list[httpx.Request] = []
+
+    def superlink(request: httpx.Request) -> httpx.Response:
+        reached.append(request)
+        # a stream, as a real connection gives it: the gate relays it chunk by chunk
+        reply = httpx.ByteStream(b"reply:" + request.content)
+        return httpx.Response(200, stream=reply, headers={"x-from": "superlink"})
+
+    async def send() -> httpx.Response:
+        gate = FleetGate(upstream="127.0.0.1:1", ca_cert=ca_cert, transport=httpx.MockTransport(superlink))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="https://gate") as client:
+            return await client.request(method, path, **kwargs)
+
+    return asyncio.run(send()), reached

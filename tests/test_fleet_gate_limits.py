@@ -20,7 +20,7 @@ import time
 import httpx
 import pytest
 from conftest import REPO
-from test_hostile_deploy import _can_bind, _through_gate, ca_cert  # noqa: F401 - ca_cert: a fixture
+from helpers import can_bind, through_gate
 
 from app.local.credentials import make_certificates
 from app.local.fleet_gate import fleet_routes
@@ -30,37 +30,42 @@ from app.local.gate_policy import read_body as gate_read_body
 ROUTE = "/v1/fleet/get-run"
 
 
+@pytest.fixture(scope="module")
+def ca_cert(tmp_path_factory):
+    return make_certificates(tmp_path_factory.mktemp("gate")).ca_cert
+
+
 # ------------------------------------------------------------------ in this process
 
 
 @pytest.mark.parametrize("path", sorted(REGISTRATION_PATHS))
-def test_a_device_cannot_register_or_unregister_itself_through_the_gate(ca_cert, path):  # noqa: F811
-    response, reached = _through_gate(ca_cert, "POST", path, content=b"\x00key")
+def test_a_device_cannot_register_or_unregister_itself_through_the_gate(ca_cert, path):
+    response, reached = through_gate(ca_cert, "POST", path, content=b"\x00key")
     assert response.status_code == 403 and not reached
     assert ("POST", path) not in fleet_routes()
 
 
-def test_an_oversize_body_is_refused_413_before_the_superlink_sees_it(ca_cert):  # noqa: F811
+def test_an_oversize_body_is_refused_413_before_the_superlink_sees_it(ca_cert):
     cap = GateLimits().body_cap
     assert cap == 11 * (1 << 20)  # two 5 MiB chunks of Flower's and 1 MiB
-    response, reached = _through_gate(ca_cert, "POST", "/v1/fleet/push-object", content=b"x" * (cap + 1))
+    response, reached = through_gate(ca_cert, "POST", "/v1/fleet/push-object", content=b"x" * (cap + 1))
     assert response.status_code == 413 and not reached and response.headers["connection"] == "close"
 
     async def chunked():  # no content-length: counted as it comes
         for _ in range(cap // (1 << 20) + 2):
             yield b"y" * (1 << 20)
 
-    response, reached = _through_gate(ca_cert, "POST", "/v1/fleet/push-object", content=chunked())
+    response, reached = through_gate(ca_cert, "POST", "/v1/fleet/push-object", content=chunked())
     assert response.status_code == 413 and not reached
-    response, reached = _through_gate(ca_cert, "POST", "/v1/fleet/push-object", content=b"z" * cap)
+    response, reached = through_gate(ca_cert, "POST", "/v1/fleet/push-object", content=b"z" * cap)
     assert response.status_code == 200 and len(reached[0].content) == cap  # the largest a device sends passes
 
 
-def test_forwarding_headers_are_set_from_the_peer_and_connection_named_headers_dropped(ca_cert):  # noqa: F811
+def test_forwarding_headers_are_set_from_the_peer_and_connection_named_headers_dropped(ca_cert):
     forged = {"x-forwarded-for": "203.0.113.66", "forwarded": "for=203.0.113.66", "x-real-ip": "203.0.113.66",
               "x-forwarded-host": "evil", "connection": "keep-alive, x-secret", "x-secret": "hop",
               "flwr-signature": "c2ln"}  # fmt: skip
-    response, (request,) = _through_gate(ca_cert, "POST", ROUTE, content=b"\x00", headers=forged)
+    response, (request,) = through_gate(ca_cert, "POST", ROUTE, content=b"\x00", headers=forged)
     assert response.status_code == 200
     assert request.headers.get_list("x-forwarded-for") == ["127.0.0.1"]  # the ASGI transport's client address
     for name in ("forwarded", "x-real-ip", "x-forwarded-host", "x-secret"):
@@ -118,7 +123,7 @@ def served_gate(tmp_path_factory):
     """The gate in its own process (1 s idle limit) before a TLS stand-in SuperLink that counts what reaches it."""
     import uvicorn
 
-    if not _can_bind("127.0.0.2"):
+    if not can_bind("127.0.0.2"):
         pytest.skip("127.0.0.2 is not a local address here (Linux has it): the device needs a second host")
 
     certs = make_certificates(tmp_path_factory.mktemp("served-gate"))

@@ -12,24 +12,22 @@ others, and to configuration text that carries any path.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
-import socket
 import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from conftest import REPO
 from flwr.common.config import parse_config_args
+from helpers import can_bind, through_gate
 
 from app.local.credentials import make_certificates, make_node_key
 from app.local.deployment import CONNECTION, LocalDeployment
-from app.local.fleet_gate import FleetGate, fleet_routes
+from app.local.fleet_gate import fleet_routes
 from app.local.flower_text import options_text, toml_string
 from app.local.flwr_cli import FLOWER_ENV
 
@@ -146,35 +144,17 @@ def ca_cert(tmp_path_factory) -> Path:
     return make_certificates(tmp_path_factory.mktemp("gate")).ca_cert
 
 
-def _through_gate(ca_cert: Path, method: str, path: str, **kwargs) -> tuple[httpx.Response, list[httpx.Request]]:
-    """One request to a FleetGate whose SuperLink is a stand-in that records what reaches it."""
-    reached: list[httpx.Request] = []
-
-    def superlink(request: httpx.Request) -> httpx.Response:
-        reached.append(request)
-        # a stream, as a real connection gives it: the gate relays it chunk by chunk
-        reply = httpx.ByteStream(b"reply:" + request.content)
-        return httpx.Response(200, stream=reply, headers={"x-from": "superlink"})
-
-    async def send() -> httpx.Response:
-        gate = FleetGate(upstream="127.0.0.1:1", ca_cert=ca_cert, transport=httpx.MockTransport(superlink))
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="https://gate") as client:
-            return await client.request(method, path, **kwargs)
-
-    return asyncio.run(send()), reached
-
-
 @pytest.mark.parametrize("path", ["/v1/control/start-run", "/v1/control/register-node", "/v1/control/list-runs",
                                   "/v1/runtime/acquire-task", "/docs", "/health", "/v1/fleet/",
                                   "/v1/fleet/get-run/../../control/start-run", "/V1/FLEET/GET-RUN"])  # fmt: skip
 def test_the_gate_refuses_anything_but_the_fleet_api_without_reaching_the_superlink(ca_cert, path):
-    response, reached = _through_gate(ca_cert, "POST", path, content=b"x")
+    response, reached = through_gate(ca_cert, "POST", path, content=b"x")
     assert response.status_code == 403 and not reached
     assert response.json()["detail"].startswith("stamen fleet gate: POST /")
 
 
 def test_the_gate_refuses_another_method_on_a_fleet_path(ca_cert):
-    response, reached = _through_gate(ca_cert, "GET", "/v1/fleet/get-run")
+    response, reached = through_gate(ca_cert, "GET", "/v1/fleet/get-run")
     assert response.status_code == 403 and not reached
 
 
@@ -184,7 +164,7 @@ def test_the_gate_passes_each_fleet_route_with_its_body_and_signature_unchanged(
     assert not [path for _, path in routes if not path.startswith("/v1/fleet/")]
     for method, path in sorted(routes):
         headers = {"flwr-public-key": "cHVi", "flwr-signature": "c2ln", "flwr-timestamp": "now"}
-        response, reached = _through_gate(ca_cert, method, path + "?ignored=1", content=b"\x00protobuf",
+        response, reached = through_gate(ca_cert, method, path + "?ignored=1", content=b"\x00protobuf",
                                           headers=headers)  # fmt: skip
         assert response.status_code == 200 and response.content == b"reply:\x00protobuf"
         assert response.headers["x-from"] == "superlink"
@@ -196,17 +176,8 @@ def test_the_gate_passes_each_fleet_route_with_its_body_and_signature_unchanged(
 # ------------------------------------------------------------------ the recipe, run
 
 
-def _can_bind(host: str) -> bool:
-    try:
-        with socket.socket() as sock:
-            sock.bind((host, 0))
-    except OSError:
-        return False
-    return True
-
-
 @pytest.mark.e2e
-@pytest.mark.skipif(not _can_bind("127.0.0.2"), reason="127.0.0.2 is not a local address here (Linux has it)")
+@pytest.mark.skipif(not can_bind("127.0.0.2"), reason="127.0.0.2 is not a local address here (Linux has it)")
 def test_an_outsider_with_only_the_ca_certificate_can_neither_enrol_nor_submit(tmp_path):
     """The guide's recipe, with 127.0.0.2 as the LAN: the outsider dials the only address the LAN reaches."""
     app = _tiny_app(tmp_path / "app")

@@ -20,13 +20,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import FINISHED_CLIENTS as CLIENTS
+from helpers import FINISHED_CONFIG as CONFIG
+from helpers import FINISHED_ROUNDS as ROUNDS
+from helpers import finished_run
 
 from app.config import ConfigError, parse_settings
-from app.local.inprocess import InProcessRun
 from app.local.message_grid import InProcessGrid
 from app.message_methods import MethodStrategy, message_strategy
 from app.own_parts import OwnParts
-from app.registry import METHODS
 from app.results.writer import ResultWriter, read_metrics, run_directory
 from app.server_run import build_strategy, checkpoint_to_resume
 from app.server_run import refused as record_refusal
@@ -34,25 +36,7 @@ from strategies.contracts.common import RunSettings
 from strategies.flower.rounds import Rounds
 from strategies.rounds.checkpoint import CheckpointError, load_checkpoint
 
-CLIENTS = 4
-ROUNDS = 2
-# FATHOM: its tuner adds state of its own to every checkpoint, so the fuzz below has more to break
-CONFIG = {**METHODS["fathom"].contract.example, "num-server-rounds": ROUNDS, "checkpoint-every": 1}
 STAMEN = OwnParts(allow_app_keys=False)  # stamen's own app
-
-
-def finished_run(results_dir: Path, name: str) -> Path:
-    """``<results_dir>/<name>``, as a finished two-round run with checkpoints leaves it."""
-    config = {**CONFIG, "results-dir": str(results_dir), "run-name": name}
-    run_dir = results_dir / name
-    writer = ResultWriter(run_dir=run_dir, settings=parse_settings(config).as_run_config())
-    run = InProcessRun(run_config=config, num_clients=CLIENTS, recorder=writer)
-    for _ in range(ROUNDS):
-        run.step()
-        run.evaluate()
-        run.strategy.end_round(run.round)
-    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
-    return run_dir
 
 
 @pytest.fixture(scope="module")

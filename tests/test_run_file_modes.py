@@ -6,7 +6,7 @@ import os
 import stat
 
 import pytest
-from test_hostile_results import finished_run
+from helpers import finished_run
 
 from app.results.writer import run_directory
 
