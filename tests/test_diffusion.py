@@ -99,7 +99,9 @@ def test_a_failed_or_rejected_agent_keeps_its_model_and_neighbours_use_it(how):
 
 
 def test_participation_draws_and_evaluation_of_each_agents_own_model():
-    settings = settings_for(mode="diffusion", graph="full", participation_per_agent="0.2,0.4,0.6,1.0", rounds=200)
+    # the rounds get no replies here (only the draws are counted): the wreck watch would end the run
+    settings = settings_for(mode="diffusion", graph="full", participation_per_agent="0.2,0.4,0.6,1.0", rounds=200,
+                            wreck_rounds=0)  # fmt: skip
     fleet, _ = federation(settings)
     strategy, _, recorder = make_strategy(settings)
     counts = np.zeros(K)

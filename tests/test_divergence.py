@@ -13,6 +13,7 @@ from app.local.inprocess import served_run
 from strategies.base import RunDivergedError
 from strategies.methods.perfedavg import PerFedAvgServer
 from strategies.rounds.divergence import DivergenceWatch, round_is_nonfinite
+from strategies.rounds.run_watch import RunWreckedError
 from strategies.screening.replies import outsized, update_norm
 
 
@@ -45,7 +46,8 @@ def test_a_finite_round_resets_the_count_and_zero_never_stops():
     for server_round, value in enumerate((np.nan, np.nan, 1.0, np.nan, np.nan, 1.0), start=1):
         play_round(strategy, fleet, nodes, server_round, value)
     assert recorder.summary["status"] == "completed"
-    never, fleet, nodes, recorder = stand_in_fedavg(num_rounds=5, eval_every=100, clients=2, stop_after_nonfinite=0)
+    never, fleet, nodes, recorder = stand_in_fedavg(num_rounds=5, eval_every=100, clients=2, stop_after_nonfinite=0,
+                                                    wreck_rounds=0)  # fmt: skip
     for server_round in range(1, 6):
         play_round(never, fleet, nodes, server_round, np.nan)
     assert recorder.summary["status"] == "completed" and never.divergence.nonfinite_rounds == 5
@@ -116,3 +118,13 @@ def test_the_watch_stops_after_patience_bad_rounds_in_a_row_with_the_model_sent_
     assert round_is_nonfinite({"clients-succeeded": 0, "clients-failed": 2})[0] is False  # failures are not divergence
     never = DivergenceWatch(patience=0, initial_model=[np.zeros(2, np.float32)])
     assert all(never.observe(r, fit_bad, models[1]) is None for r in range(1, 6)) and never.nonfinite_rounds == 5
+
+
+def test_a_run_rejecting_every_reply_ends_wrecked_not_completed():
+    # the same five rounds of non-finite replies with the divergence stop off: the wreck watch ends the run
+    wrecked, fleet, nodes, recorder = stand_in_fedavg(num_rounds=8, eval_every=100, clients=2, stop_after_nonfinite=0)
+    with pytest.raises(RunWreckedError, match="wrecked: in rounds 1-5 fewer than half of the sampled replies"):
+        for server_round in range(1, 9):
+            play_round(wrecked, fleet, nodes, server_round, np.nan)
+    assert recorder.summary["status"] == "wrecked" and "robust aggregation" in recorder.summary["reason"]
+    assert len(wrecked.history) == 5

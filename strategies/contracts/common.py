@@ -71,6 +71,9 @@ class RunSettings(KeyedSettings):
     stop_after_nonfinite: int = key(3, "stop the run after this many consecutive rounds in which every fit reply was "
                                     "non-finite or no evaluation loss was finite (0 = never)", at_least=0,
                                     at_most=MAX_ROUNDS)  # fmt: skip
+    wreck_rounds: int = key(5, "end the run as wrecked after this many rounds in a row that accepted fewer than "
+                            "half their sampled replies, or when it ends at the majority-class floor after as many "
+                            "rounds (0 = never)", at_least=0, at_most=MAX_ROUNDS)  # fmt: skip
     max_update_ratio: float = key(20.0, "reject a fit reply whose update norm (or the norm of a returned array set) "
                                   "exceeds this multiple of the round's median (0 = never; needs 3 replies)",
                                   at_least=0)  # fmt: skip

@@ -16,6 +16,7 @@ from typing import Protocol
 import numpy as np
 from flwr.common.logger import log
 
+from strategies.contracts.client_reports import ACCURACY, GLOBAL_ACCURACY
 from strategies.contracts.payload import Scalar
 from strategies.contracts.settings import Settings
 from strategies.nodes.directory import NodeDirectory
@@ -24,10 +25,17 @@ from strategies.rounds.divergence import Diverged, DivergenceWatch
 from strategies.rounds.global_model import GlobalModel
 from strategies.rounds.recorder import Recorder
 from strategies.rounds.records import progress_line, run_summary, summary_line
+from strategies.rounds.wreck import Wrecked, WreckWatch, majority_floor
+
+CENTRAL_ACCURACY = "central-accuracy"  # the server's test of the global model (central-eval)
 
 
 class RunDivergedError(Exception):
     """The strategy ended the run early (it diverged); the message says why. Not a failure of the run."""
+
+
+class RunWreckedError(RunDivergedError):
+    """The run ended early, wrecked: most sampled replies rejected, round after round (``wreck.py``)."""
 
 
 def divergence_reason(verdict: Diverged, steps: dict[str, float], hint: str) -> str:
@@ -82,6 +90,7 @@ class RunWatch:
         self.nodes = nodes
         self.model = model
         self.divergence = divergence
+        self.wreck = WreckWatch(patience=settings.run.wreck_rounds)
         self.class_names = class_names
         self.history: list[dict] = []
         self.failure_groups: list[dict] = []  # why the run could not start, by cause (summary.json)
@@ -130,11 +139,22 @@ class RunWatch:
             self.hooks.finish()
             self.stop(reason, verdict.good_round)
             raise RunDivergedError(reason)
+        wrecked = self.wreck.observe(server_round, record)
+        if wrecked is not None:
+            self.recorder.save_checkpoint(self.hooks.checkpoint(server_round))
+            self.hooks.finish()
+            self.end_wrecked(wrecked)
+            raise RunWreckedError(wrecked.reason)
         if self.checkpoint_due(server_round):
             self.recorder.save_checkpoint(self.hooks.checkpoint(server_round))
         if server_round == self.num_rounds:
             self.hooks.finish()
-            self.complete()
+            floor = majority_floor(self.nodes.declared(node).test_classes for node in self.nodes.properties)
+            wrecked = self.wreck.at_the_end(self.history, floor, (ACCURACY, GLOBAL_ACCURACY, CENTRAL_ACCURACY))
+            if wrecked is not None:
+                self.end_wrecked(wrecked)
+            else:
+                self.complete()
 
     def checkpoint_due(self, server_round: int) -> bool:
         """Whether closing ``server_round`` writes a checkpoint (every ``checkpoint-every`` rounds and the last)."""
@@ -155,6 +175,13 @@ class RunWatch:
         self.recorder.finish(summary)
         log(INFO, "final: %s", summary_line(summary))
 
+    def end_wrecked(self, wrecked: Wrecked) -> None:
+        """End the run as wrecked (``status`` ``wrecked``): the reason in the summary, the log and the final line."""
+        summary = self.summary("wrecked", reason=wrecked.reason)
+        self.recorder.finish(summary)
+        log(ERROR, "stamen: %s", wrecked.reason)
+        log(INFO, "final: %s; status wrecked (see the reason above and in summary.json)", summary_line(summary))
+
     def stop(self, reason: str, good_round: int) -> None:
         """End the run early (``status`` ``stopped``), keeping the model after ``good_round``."""
         self.recorder.finish(self.summary("stopped", reason=reason, **{"last-good-round": good_round}))
@@ -168,7 +195,7 @@ class RunWatch:
     def summary(self, status: str, **extra: object) -> dict[str, object]:
         """``summary.json``: the run's final and best metrics, how it ended, and each node's data.
 
-        ``status`` is ``completed``, ``stopped`` or ``failed``; ``extra`` adds the reason and the like.
+        ``status`` is ``completed``, ``stopped``, ``wrecked`` or ``failed``; ``extra`` adds the reason and the like.
         The nodes left out of the run are listed with why (node id -> reason).
         """
         out: dict[str, object] = {**run_summary(self.history, self.name), "status": status, **extra,
