@@ -248,12 +248,14 @@ def centered_clip(models: list[Model], center: Model, *, radius: float, iteratio
             scale = np.where(norms > tau, tau / np.where(norms > 0, norms, 1.0), 1.0)
             scale[~np.isfinite(norms)] = 0.0  # a non-finite model moves nothing
             v = v + (np.nan_to_num(steps, nan=0.0, posinf=0.0, neginf=0.0) * scale[:, None]).mean(axis=0)
-    result, start = _per_layer(models, lambda stacked: stacked[0]), 0
+    clipped, start = {}, 0
     for i, shape in zip(floating, shapes, strict=True):
         size = int(np.prod(shape))
-        result[i] = v[start : start + size].reshape(shape).astype(result[i].dtype)
+        clipped[i] = v[start : start + size].reshape(shape).astype(_layer_dtype([m[i] for m in models]))
         start += size
-    return result
+    # the other layers (step counters) as every rule combines them: the element-wise maximum
+    return [clipped[i] if i in clipped else np.asarray(np.max(np.stack([m[i] for m in models]), axis=0))
+            .astype(_layer_dtype([m[i] for m in models])) for i in range(len(models[0]))]  # fmt: skip
 
 
 def bucket_means(models: list[Model], weights: list[float], *, size: int,
