@@ -135,12 +135,10 @@ class LocalDeployment(DeploymentNodes, DeploymentRuns):
             raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
         if node_data is not None and len(node_data) != num_nodes:
             raise ValueError(f"node_data names {len(node_data)} folders for {num_nodes} nodes")
-        if problem := deployment_problem(tls=tls, node_auth=node_auth, lan_host=lan_host):
+        if problem := deployment_problem(tls=tls, node_auth=node_auth, lan_host=lan_host, cert_days=cert_days):
             raise ValueError(problem)
         self.node_data = [Path(folder).resolve() for folder in node_data] if node_data else None
         self.numbered = numbered
-        if cert_days < 1:
-            raise ValueError(f"cert-days must be a whole number of days >= 1, got {cert_days}")
         self.cert_days = cert_days
         self.app_dir = Path(app_dir).resolve()
         self.num_nodes, self.tls, self.node_auth, self.warm = num_nodes, tls, node_auth, warm

@@ -72,10 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve", action="store_true", help="keep the deployment up until Ctrl-C instead of running")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the run (default 3600)")
     args = parser.parse_args(argv)
-    if problem := deployment_problem(tls=args.tls, node_auth=args.auth, lan_host=args.lan_host):
+    if problem := deployment_problem(tls=args.tls, node_auth=args.auth, lan_host=args.lan_host,
+                                     cert_days=args.cert_days):  # fmt: skip
         parser.error(problem)  # exits 2 before any file or process exists
-    if args.cert_days < 1:
-        parser.error(f"--cert-days must be a whole number of days >= 1, got {args.cert_days}")
     try:
         config = deployment_run_config(args.run_config, results_dir=Path.cwd() / "results")
     except ConfigError as err:

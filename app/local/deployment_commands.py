@@ -23,12 +23,14 @@ AUTH_NEEDED = ("--lan-host needs --auth: the Fleet gate passes no node registrat
                "registered on the server may join; add --auth")  # fmt: skip
 
 
-def deployment_problem(*, tls: bool, node_auth: bool, lan_host: str | None) -> str | None:
+def deployment_problem(*, tls: bool, node_auth: bool, lan_host: str | None, cert_days: int = 1) -> str | None:
     """Why these options cannot make a deployment (naming the flags and the fix), or None."""
     wanted = [] if tls else [flag for flag, on in (("--auth", node_auth), ("--lan-host", lan_host)) if on]
     problems = ["; ".join(TLS_NEEDED[flag] for flag in wanted) + "; add --tls"] if wanted else []
     if lan_host and not node_auth:
         problems.append(AUTH_NEEDED)
+    if cert_days < 1:
+        problems.append(f"--cert-days must be a whole number of days >= 1, got {cert_days}")
     return "; ".join(problems) or None
 
 
